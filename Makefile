@@ -1,0 +1,50 @@
+# distilserve: a fresh machine needs only `make serve` or `make test`.
+#
+# Knobs (make VAR=value):
+#   RUNTIME=cpu|gpu    which ONNX Runtime to install: onnxruntime or onnxruntime-gpu, never both
+#   TORCH=...          the torch requirement installed first; the default is the CPU build here.
+#                      A GPU host picks its own, e.g. TORCH="torch==2.13.0 --index-url <CUDA wheel index>"
+#   HOST, PORT, MODEL_REPOSITORY   where `make serve` listens and what it serves
+
+PYTHON           ?= python3
+VENV             ?= .venv
+RUNTIME          ?= cpu
+TORCH            ?= torch==2.13.0
+HOST             ?= 127.0.0.1
+PORT             ?= 8000
+MODEL_REPOSITORY ?= models
+DEMO_DIR         ?= build/demo
+
+BIN       := $(VENV)/bin
+OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
+INSTALLED := $(VENV)/.installed-$(RUNTIME)
+
+.PHONY: serve test models lint install
+
+serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT (builds the demo if missing)
+	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
+	$(BIN)/python -m service --host $(HOST) --port $(PORT) --model-repository $(MODEL_REPOSITORY)
+
+test: $(INSTALLED)                       ## the whole suite (what CI runs)
+	$(BIN)/python -m pytest
+
+models: $(INSTALLED)                     ## train the demo teacher/student and export it as a new version
+	$(BIN)/python -m training demo --out $(DEMO_DIR)
+	$(BIN)/python -m export $(DEMO_DIR)/text-classification/student --task text-classification \
+		--name sentiment --repository $(MODEL_REPOSITORY) --variants fp32,int8
+
+lint: $(INSTALLED)                       ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+install: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# onnxruntime and onnxruntime-gpu overwrite each other's files: remove both before switching.
+	if $(BIN)/pip show -q $(OTHER_ORT) 2>/dev/null; then $(BIN)/pip uninstall -y onnxruntime onnxruntime-gpu; fi
+	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -c constraints.txt -e ".[$(RUNTIME),train,export,load,dev]"
+	rm -f $(VENV)/.installed-*
+	touch $@

@@ -1,0 +1,1 @@
+"""HF model directories -> ONNX variants behind a parity gate -> a versioned model repository."""

@@ -1,0 +1,79 @@
+"""`python -m export HF_MODEL_DIR --task TASK --name NAME --repository models/`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from export.pipeline import SUPPORTED_VARIANTS, ExportError, ExportResult, export_model
+
+console = Console(stderr=True)
+
+
+def _summary(result: ExportResult) -> Table:
+    table = Table(title="export summary")
+    for column in ("variant", "size (MB)", "max |diff|", "top-1 agree", "rows", "build (s)", "written"):
+        table.add_column(column)
+    for r in result.variants:
+        table.add_row(
+            r.variant,
+            f"{r.size_bytes / 1e6:.2f}",
+            f"{r.parity.max_abs_diff:.2e}",
+            f"{r.parity.top1_agreement:.4f}",
+            str(r.parity.rows),
+            f"{r.seconds:.1f}",
+            "yes" if r.passed and result.version_dir else "no: " + "; ".join(r.problems or ["fp32 failed"]),
+        )
+    return table
+
+
+def main(
+    model_dir: Annotated[
+        Path, typer.Argument(help="HF model directory (save_pretrained output, fast tokenizer).")
+    ],
+    task: Annotated[str, typer.Option(help="text-classification (QA, fill-mask, generation: coming).")],
+    name: Annotated[str, typer.Option(help="Model name clients use, e.g. sentiment.")],
+    repository: Annotated[Path, typer.Option(help="Model repository root.")] = Path("models"),
+    variants: Annotated[
+        str, typer.Option(help=f"Comma list of {', '.join(SUPPORTED_VARIANTS)}.")
+    ] = "fp32,int8",
+    opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the generated parity inputs.")] = 0,
+) -> None:
+    """Export a model to ONNX, check every variant against PyTorch, write the next repository version."""
+    logging.basicConfig(level=logging.WARNING)
+    if not (model_dir / "config.json").is_file():
+        console.print(f"[red]{model_dir} is not an HF model directory (no config.json)")
+        raise typer.Exit(2)
+    wanted = [v.strip() for v in variants.split(",") if v.strip()]
+    try:
+        with console.status("exporting") as status:
+            result = export_model(
+                model_dir,
+                task,
+                name,
+                repository,
+                wanted,
+                opset,
+                seed,  # type: ignore[arg-type]
+                progress=lambda message: status.update(message),
+            )
+    except ExportError as e:
+        console.print(f"[red]export failed: {e}")
+        raise typer.Exit(1) from e
+    console.print(_summary(result))
+    if result.version_dir is None:
+        console.print("[red]fp32 failed its parity gate: nothing written")
+        raise typer.Exit(1)
+    console.print(f"[green]wrote {result.version_dir}")
+    print(result.version_dir, file=sys.stdout)
+
+
+def run() -> None:
+    typer.run(main)

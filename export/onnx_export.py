@@ -1,0 +1,60 @@
+"""Run optimum's exporter for one task and describe the graph it wrote."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnx
+
+from service.manifest import Task, TensorDType, TensorSpec
+
+log = logging.getLogger(__name__)
+
+OPTIMUM_TASK: dict[str, str] = {
+    "text-classification": "text-classification",
+    "question-answering": "question-answering",
+    "fill-mask": "fill-mask",
+    "text-generation": "text-generation-with-past",
+}
+
+_ONNX_DTYPES: dict[int, TensorDType] = {
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+}
+
+
+def export_onnx(model_dir: Path, task: Task, out_dir: Path, opset: int | None = None) -> Path:
+    """Export `model_dir` with optimum into `out_dir`; returns the path of `model.onnx`."""
+    from optimum.exporters.onnx import main_export  # heavy: imported only when exporting
+
+    main_export(
+        model_name_or_path=str(model_dir),
+        output=out_dir,
+        task=OPTIMUM_TASK[task],
+        opset=opset,
+        device="cpu",
+        do_validation=False,  # our own parity gate below is stricter and covers every variant
+    )
+    path = out_dir / "model.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"optimum wrote no model.onnx into {out_dir}")
+    return path
+
+
+def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor = value.type.tensor_type
+    dtype = _ONNX_DTYPES.get(tensor.elem_type)
+    if dtype is None:
+        raise ValueError(f"graph tensor {value.name!r} has unsupported element type {tensor.elem_type}")
+    shape: list[int | str] = [d.dim_param or d.dim_value for d in tensor.shape.dim]
+    return TensorSpec(name=value.name, dtype=dtype, shape=shape)
+
+
+def describe_graph(path: Path) -> tuple[list[TensorSpec], list[TensorSpec], int]:
+    """Inputs, outputs and default-domain opset of an ONNX file (read without loading weights)."""
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return [_spec(i) for i in model.graph.input], [_spec(o) for o in model.graph.output], opset

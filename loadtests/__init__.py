@@ -1,0 +1,1 @@
+"""Load tests and benchmarks; they talk to the service over HTTP only."""

@@ -1,0 +1,44 @@
+"""What routes may ask for; everything lives on `app.state`, built once in the lifespan."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from service.metrics import Metrics
+from service.registry import ModelRegistry
+from service.runtime import ServedModel
+from service.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_registry(request: Request) -> ModelRegistry:
+    registry: ModelRegistry = request.app.state.registry
+    return registry
+
+
+def label_request(request: Request, model: ServedModel) -> None:
+    """Tell the metrics middleware which model and task this request was for."""
+    request.state.model = model.name
+    request.state.task = model.manifest.task
+
+
+class UnsupportedMediaTypeError(ValueError):
+    """The body is not declared as JSON (HTTP 415)."""
+
+
+async def require_json(request: Request) -> None:
+    """Task endpoints take JSON only; say so instead of failing to parse a form or a file."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise UnsupportedMediaTypeError(
+            f"content-type must be application/json, got {content_type or 'none'!r}"
+        )

@@ -1,0 +1,29 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.api.deps import get_metrics
+from service.metrics import Metrics
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", summary="Alive: the process answers.")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready", summary="Ready: models loaded and warmed, not draining.")
+async def ready(request: Request) -> JSONResponse:
+    if getattr(request.app.state, "ready", False):
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "not ready"}, status_code=503)
+
+
+@router.get("/metrics", summary="Prometheus metrics.", include_in_schema=False)
+async def metrics(m: Metrics = Depends(get_metrics)) -> Response:
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,40 @@
+"""Counts every API request by model, task and status, and times it end to end (pure ASGI)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import Metrics
+
+UNTRACKED = ("/metrics", "/health", "/ready", "/docs", "/openapi.json", "/redoc")
+
+
+class RequestMetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(UNTRACKED):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            self.metrics.in_flight.dec()
+            state = scope.get("state", {})
+            model, task = state.get("model", ""), state.get("task", "")
+            self.metrics.requests.labels(model, task, str(status)).inc()
+            self.metrics.request_duration.labels(model, task).observe(time.perf_counter() - started)

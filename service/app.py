@@ -1,0 +1,85 @@
+"""The app factory and its lifespan: load the repository, warm up, start batchers; drain on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import build_router
+from service.api.errors import install_error_handlers
+from service.api.middleware import RequestMetricsMiddleware
+from service.metrics import Metrics
+from service.registry import ModelRegistry
+from service.repository import RepositoryError, scan_repository
+from service.runtime import EngineFactory, ServedModel, load_model, ort_engine_factory
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(RuntimeError):
+    """The service cannot serve anything useful; start-up stops with this message."""
+
+
+def load_models(settings: Settings, metrics: Metrics, engine_factory: EngineFactory) -> list[ServedModel]:
+    scan = scan_repository(settings.model_repository)
+    for error in scan.errors:
+        log.error("skipping a broken model version: %s", error)
+    if scan.errors and settings.strict_repository:
+        raise StartupError("; ".join(str(e) for e in scan.errors))
+    if not scan.versions:
+        problems = "; ".join(str(e) for e in scan.errors) or "no <name>/<version>/manifest.json found"
+        raise StartupError(f"no servable model in {settings.model_repository}: {problems}")
+    models: list[ServedModel] = []
+    for version in scan.versions:
+        try:
+            models.append(load_model(version, settings, metrics, engine_factory))
+        except (RepositoryError, ValueError) as e:
+            if settings.strict_repository:
+                raise StartupError(str(e)) from e
+            log.error("skipping %s: %s", version.directory, e)
+    if not models:
+        raise StartupError(f"no model in {settings.model_repository} could be loaded")
+    return models
+
+
+def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_factory) -> FastAPI:
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ready = False
+        models = await asyncio.to_thread(load_models, settings, metrics, engine_factory)
+        app.state.registry = ModelRegistry(models)
+        if settings.warmup:
+            for m in models:
+                await asyncio.to_thread(m.warm_up)
+        for m in models:
+            m.batcher.start()
+        app.state.ready = True
+        log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            await asyncio.gather(*(m.batcher.close() for m in models))
+            for m in models:
+                m.executor.shutdown(wait=True)
+
+    app = FastAPI(
+        title="distilserve",
+        version="0.1.0",
+        description="Distilled transformer students on ONNX Runtime, with request batching.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.ready = False
+    install_error_handlers(app)
+    app.include_router(build_router())
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    return app

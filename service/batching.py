@@ -1,0 +1,287 @@
+"""The generic async micro-batcher: it knows items, costs and a `run_batch` callable; nothing of HTTP or ONNX.
+
+Principles (see ARCHITECTURE.md): never wait when the engine is idle; coalesce what queued while it was
+busy; cap a batch by count and by padded tokens; group similar lengths; bound the queue; drop work whose
+deadline passed or whose caller went away before compute; run the engine off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class QueueFullError(Exception):
+    """The queue is at its bound; the caller should retry later (HTTP 429)."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"queue is full; retry in {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(Exception):
+    """The request's deadline passed before it reached the engine (HTTP 504)."""
+
+
+class BatcherClosedError(Exception):
+    """The batcher is draining for shutdown and takes no new work (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192
+    max_wait_s: float = 0.0
+    max_queue: int = 1024
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one engine call looked like, for metrics."""
+
+    size: int
+    real_tokens: int
+    padded_tokens: int
+    queue_wait_s: list[float]
+    run_s: float
+    failed: bool
+
+
+@dataclass(eq=False)
+class _Pending(Generic[T, R]):
+    item: T
+    cost: int
+    future: asyncio.Future[R]
+    enqueued_at: float
+    deadline: float | None
+    seq: int
+    taken: bool = False
+
+
+def select_batch(costs: Sequence[int], max_size: int, max_tokens: int) -> list[int]:
+    """Indices (into FIFO-ordered costs) of the next batch.
+
+    The oldest item always goes (no starvation); it is joined by the items closest to it in length,
+    as long as the batch stays within `max_size` and `size x longest <= max_tokens`. Padding is paid to
+    the batch's longest item, so grouping by length is what keeps batching free.
+    """
+    if not costs:
+        return []
+    anchor = costs[0]
+    chosen = [0]
+    longest = anchor
+    by_closeness = sorted(range(1, len(costs)), key=lambda i: (abs(costs[i] - anchor), i))
+    for i in by_closeness:
+        if len(chosen) >= max_size:
+            break
+        new_longest = max(longest, costs[i])
+        if new_longest * (len(chosen) + 1) > max_tokens:
+            continue
+        chosen.append(i)
+        longest = new_longest
+    return sorted(chosen)
+
+
+class MicroBatcher(Generic[T, R]):
+    """Coalesces concurrent `submit()` calls into `run_batch(items)` calls on an executor thread.
+
+    `run_batch` gets items in a list and must return one result per item, in order. `cost(item)` is its
+    token count (padded cost = batch size x the largest cost).
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[T]], Sequence[R]],
+        policy: BatchPolicy,
+        *,
+        cost: Callable[[T], int],
+        executor: Executor,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        on_queue_depth: Callable[[int], None] | None = None,
+    ) -> None:
+        self._run_batch = run_batch
+        self.policy = policy
+        self._cost = cost
+        self._executor = executor
+        self._on_batch = on_batch
+        self._on_queue_depth = on_queue_depth
+        self._queue: list[_Pending[T, R]] = []
+        self._wakeup = asyncio.Event()
+        self._seq = itertools.count()
+        self._closing = False
+        self._under_load = False
+        self._task: asyncio.Task[None] | None = None
+        self._last_run_s = 0.0
+
+    # -- public ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="micro-batcher")
+
+    async def close(self) -> None:
+        """Stop taking work, finish what is queued and in flight, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, item: T, timeout_s: float | None = None) -> R:
+        if self._closing:
+            raise BatcherClosedError("the server is shutting down and takes no new work")
+        if len(self._queue) >= self.policy.max_queue:
+            raise QueueFullError(self._retry_after_s())
+        now = time.monotonic()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        pending = _Pending(
+            item=item,
+            cost=max(1, self._cost(item)),
+            future=future,
+            enqueued_at=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+            seq=next(self._seq),
+        )
+        self._queue.append(pending)
+        self._report_depth()
+        self._wakeup.set()
+        try:
+            if timeout_s is None:
+                return await future
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            except TimeoutError:
+                if pending.taken:  # already computing: its result is worth waiting for
+                    return await future
+                self._remove(pending)
+                raise DeadlineExceededError(f"not started within {timeout_s:g} s") from None
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect): never compute for nobody.
+            if not pending.taken:
+                self._remove(pending)
+            future.cancel()
+            raise
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while True:
+                self._drop_stale()
+                if not self._queue:
+                    self._under_load = False
+                    break
+                if self._under_load and self.policy.max_wait_s > 0:
+                    await self._wait_for_fuller_batch()
+                    self._drop_stale()
+                    if not self._queue:
+                        continue
+                batch = self._take_batch()
+                await self._execute(batch)
+                # Work that queued while the engine ran means load: only then may max_wait apply.
+                self._under_load = bool(self._queue)
+            if self._closing and not self._queue:
+                return
+
+    async def _wait_for_fuller_batch(self) -> None:
+        """Under load only: give the queue up to max_wait to fill a batch."""
+        deadline = time.monotonic() + self.policy.max_wait_s
+        while len(self._queue) < self.policy.max_batch_size and not self._closing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _take_batch(self) -> list[_Pending[T, R]]:
+        items = self._queue
+        indices = select_batch(
+            [p.cost for p in items], self.policy.max_batch_size, self.policy.max_batch_tokens
+        )
+        chosen = [items[i] for i in indices]
+        keep = set(indices)
+        self._queue = [p for i, p in enumerate(items) if i not in keep]
+        for p in chosen:
+            p.taken = True
+        self._report_depth()
+        return chosen
+
+    async def _execute(self, batch: list[_Pending[T, R]]) -> None:
+        started = time.monotonic()
+        failed = False
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._run_batch, [p.item for p in batch]
+            )
+            if len(results) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
+        except Exception as e:  # a failing batch fails only its own requests
+            failed = True
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(e)
+        else:
+            for p, result in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+        self._last_run_s = time.monotonic() - started
+        if self._on_batch is not None:
+            costs = [p.cost for p in batch]
+            self._on_batch(
+                BatchStats(
+                    size=len(batch),
+                    real_tokens=sum(costs),
+                    padded_tokens=max(costs) * len(batch),
+                    queue_wait_s=[started - p.enqueued_at for p in batch],
+                    run_s=self._last_run_s,
+                    failed=failed,
+                )
+            )
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _drop_stale(self) -> None:
+        """Remove work nobody waits for any more, or whose deadline has passed."""
+        now = time.monotonic()
+        keep: list[_Pending[T, R]] = []
+        for p in self._queue:
+            if p.future.done():
+                continue
+            if p.deadline is not None and now >= p.deadline:
+                p.future.set_exception(DeadlineExceededError("deadline passed while queued"))
+                continue
+            keep.append(p)
+        if len(keep) != len(self._queue):
+            self._queue = keep
+            self._report_depth()
+
+    def _remove(self, pending: _Pending[T, R]) -> None:
+        if pending in self._queue:
+            self._queue.remove(pending)
+            self._report_depth()
+
+    def _report_depth(self) -> None:
+        if self._on_queue_depth is not None:
+            self._on_queue_depth(len(self._queue))
+
+    def _retry_after_s(self) -> float:
+        """Roughly how long the queue takes to drain at the last observed batch speed."""
+        batches = len(self._queue) / self.policy.max_batch_size
+        return max(1.0, batches * self._last_run_s)

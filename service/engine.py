@@ -1,0 +1,95 @@
+"""One ONNX Runtime session per served model variant, and the small interface the batcher calls.
+
+The provider actually running is read back from the session (`get_providers()`), never assumed:
+ONNX Runtime lists CUDA as available even without a GPU and silently falls back to CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+class EngineError(RuntimeError):
+    """The engine failed on a batch; only that batch's requests fail."""
+
+
+class GpuUnavailableError(RuntimeError):
+    """A GPU was required (`DISTILSERVE_REQUIRE_GPU=1`) but ONNX Runtime could not use one."""
+
+
+class Engine(Protocol):
+    """What the service needs from a backend: run named arrays, say where it runs."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def input_names(self) -> list[str]: ...
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+def choose_providers(device: str) -> list[str]:
+    """Providers to ask for, best first; CPU is always the last resort."""
+    if device == "cpu":
+        return [CPU]
+    return [CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU]
+
+
+class OrtEngine:
+    """A session with explicit thread settings; `run` is called from one worker thread at a time."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        device: str = "auto",
+        require_gpu: bool = False,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 1,
+    ) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
+        options.inter_op_num_threads = inter_op_threads
+        # Spinning threads steal the cores the event loop and tokenizer need under a server.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        wanted = choose_providers(device)
+        self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=wanted)
+        self._provider = self._session.get_providers()[0]
+        wants_gpu = device == "gpu" or require_gpu
+        if wants_gpu and self._provider != CUDA:
+            message = f"GPU requested for {model_path} but ONNX Runtime runs it on {self._provider}"
+            if require_gpu:
+                raise GpuUnavailableError(message)
+            log.warning("%s: falling back to CPU", message)
+        self._inputs = [i.name for i in self._session.get_inputs()]
+        self._outputs = [o.name for o in self._session.get_outputs()]
+        log.info("loaded %s on %s (asked for %s)", model_path, self._provider, wanted)
+
+    @property
+    def provider(self) -> str:
+        return self._provider
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._inputs)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            arrays = self._session.run(self._outputs, {k: feeds[k] for k in self._inputs})
+        except Exception as e:  # ORT raises its own exception types
+            raise EngineError(f"ONNX Runtime failed: {e}") from e
+        return dict(zip(self._outputs, arrays, strict=True))

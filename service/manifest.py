@@ -1,0 +1,138 @@
+"""The model-repository contract: one pydantic schema for `manifest.json`.
+
+Export writes it, the service reads it; this module imports nothing heavy so both sides can share it.
+A version directory looks like:
+
+    models/<name>/<version>/manifest.json, model.onnx [, model.int8.onnx, model.fp16.onnx], tokenizer.json
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+
+Task = Literal["text-classification", "question-answering", "fill-mask", "text-generation"]
+TensorDType = Literal["int64", "int32", "float32", "float16"]
+Precision = Literal["fp32", "fp16", "int8"]
+Device = Literal["cpu", "gpu", "any"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One graph input or output; symbolic dims are strings such as "batch" or "sequence"."""
+
+    name: str
+    dtype: TensorDType
+    shape: list[int | str]
+
+
+class VariantSpec(_Strict):
+    """One ONNX file of the model and the evidence that it matches the PyTorch reference."""
+
+    file: str
+    precision: Precision
+    device: Device = "any"
+    optimized: bool = False
+    size_bytes: int = Field(gt=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parity: dict[str, float] = Field(default_factory=dict)
+
+
+class TokenizerSpec(_Strict):
+    """How the service must call `tokenizers`: the saved file carries no padding/truncation settings."""
+
+    file: str = "tokenizer.json"
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    max_length: int = Field(gt=1)
+    truncation: bool = True
+    padding_side: Literal["right", "left"] = "right"
+    pad_token_id: int = Field(ge=0)
+    lowercase: bool | None = None
+
+
+class SpecialTokens(_Strict):
+    pad: int | None = None
+    cls: int | None = None
+    sep: int | None = None
+    mask: int | None = None
+    unk: int | None = None
+    bos: int | None = None
+    eos: int | None = None
+
+
+class GenerationLayout(_Strict):
+    """KV-cache layout of a decoder graph (filled in for text-generation)."""
+
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    past_key_name: str = "past_key_values.{layer}.key"
+    past_value_name: str = "past_key_values.{layer}.value"
+    present_key_name: str = "present.{layer}.key"
+    present_value_name: str = "present.{layer}.value"
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    graphs: Literal["merged", "split"] = "merged"
+
+
+class ModelScore(_Strict):
+    source: str
+    params: int = Field(gt=0)
+    score: float | None = None
+
+
+class DistillationRecord(_Strict):
+    """Where the student came from and how close it stays to its teacher."""
+
+    metric: str
+    teacher: ModelScore
+    student: ModelScore
+    agreement: float | None = None
+    eval_source: str | None = None
+    eval_examples: int | None = None
+
+
+class Manifest(_Strict):
+    """Everything the service trusts about one model version."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    version: int = Field(gt=0)
+    task: Task
+    labels: dict[int, str] = Field(default_factory=dict)
+    max_sequence_length: int = Field(gt=1)
+    inputs: list[TensorSpec] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+    variants: dict[str, VariantSpec] = Field(min_length=1)
+    tokenizer: TokenizerSpec
+    special_tokens: SpecialTokens = SpecialTokens()
+    generation: GenerationLayout | None = None
+    distillation: DistillationRecord | None = None
+    opset: int | None = None
+    created_at: str | None = None
+    git_revision: str | None = None
+    source_model: str | None = None
+
+    @model_validator(mode="after")
+    def _task_extras_present(self) -> Manifest:
+        if self.task == "text-classification" and not self.labels:
+            raise ValueError("text-classification needs 'labels' (id -> label)")
+        if self.task == "fill-mask" and self.special_tokens.mask is None:
+            raise ValueError("fill-mask needs special_tokens.mask")
+        if self.task == "text-generation" and self.generation is None:
+            raise ValueError("text-generation needs 'generation' (the KV-cache layout)")
+        if "fp32" not in self.variants:
+            raise ValueError(
+                "every model needs the 'fp32' variant (the reference the others are checked against)"
+            )
+        return self
+
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]

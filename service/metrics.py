@@ -1,0 +1,108 @@
+"""Every Prometheus metric of the service, defined once (prefix `distilserve_`, base units)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.batching import BatchStats
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
+
+
+class Metrics:
+    """One instance per app, on its own registry, so several apps (tests) never collide."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "distilserve_requests",
+            "HTTP requests by model, task and status code.",
+            ["model", "task", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "distilserve_request_duration_seconds",
+            "End-to-end request latency.",
+            ["model", "task"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "distilserve_queue_duration_seconds",
+            "Time a sequence waited in the batch queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_duration = Histogram(
+            "distilserve_tokenize_duration_seconds",
+            "Tokenization time per request.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "distilserve_inference_duration_seconds",
+            "Engine time per batch (padding and run).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "distilserve_batch_size",
+            "Sequences per engine call.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "distilserve_batch_tokens",
+            "Padded tokens per engine call.",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.padding_ratio = Histogram(
+            "distilserve_batch_padding_ratio",
+            "Share of an engine call's tokens that are padding.",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.batch_failures = Counter(
+            "distilserve_batch_failures",
+            "Engine calls that failed.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "distilserve_queue_depth",
+            "Sequences waiting for the engine.",
+            ["model"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "distilserve_requests_in_flight",
+            "HTTP requests being handled.",
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "distilserve_model_info",
+            "Served models (value 1): name, version, task, variant, provider.",
+            ["model", "version", "task", "variant", "provider"],
+            registry=r,
+        )
+
+    def observe_batch(self, model: str, stats: BatchStats) -> None:
+        self.batch_size.labels(model).observe(stats.size)
+        self.batch_tokens.labels(model).observe(stats.padded_tokens)
+        self.padding_ratio.labels(model).observe(1.0 - stats.real_tokens / stats.padded_tokens)
+        self.inference_duration.labels(model).observe(stats.run_s)
+        for wait in stats.queue_wait_s:
+            self.queue_duration.labels(model).observe(wait)
+        if stats.failed:
+            self.batch_failures.labels(model).inc()

@@ -1,0 +1,147 @@
+"""A served model: its manifest, tokenizer, engine and batcher, wired together at start-up."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.batching import BatchPolicy, MicroBatcher
+from service.engine import CUDA, Engine, OrtEngine
+from service.manifest import Manifest
+from service.metrics import Metrics
+from service.repository import ModelVersion
+from service.settings import Settings
+from service.tokenization import EncodedText, TextEncoder, pad_batch
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[ModelVersion, str, Settings], Engine]
+
+
+def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
+    """The variant to serve: as requested, else fp16 on GPU and int8 (when exported) on CPU, else fp32."""
+    if requested != "auto":
+        if requested not in manifest.variants:
+            raise ValueError(f"{manifest.name} v{manifest.version} has no {requested!r} variant")
+        return requested
+    preferred = ["fp16", "fp32"] if on_gpu else ["int8", "fp32"]
+    return next(v for v in preferred if v in manifest.variants)
+
+
+def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
+    return OrtEngine(
+        version.file(version.manifest.variants[variant].file),
+        device=settings.device,
+        require_gpu=settings.require_gpu,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+    )
+
+
+class EncoderRunner:
+    """Runs a batch of encoded sequences through an encoder graph; returns one row of outputs per item."""
+
+    def __init__(self, engine: Engine, pad_token_id: int) -> None:
+        self.engine = engine
+        self.pad_token_id = pad_token_id
+        self._wanted = set(engine.input_names)
+
+    def __call__(self, rows: list[EncodedText]) -> list[dict[str, np.ndarray]]:
+        feeds = {k: v for k, v in pad_batch(rows, self.pad_token_id).items() if k in self._wanted}
+        outputs = self.engine.run(feeds)
+        return [{name: array[i] for name, array in outputs.items()} for i in range(len(rows))]
+
+
+@dataclass
+class ServedModel:
+    version: ModelVersion
+    variant: str
+    engine: Engine
+    encoder: TextEncoder
+    runner: EncoderRunner
+    batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]]
+    executor: ThreadPoolExecutor
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.version.manifest
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def describe(self) -> dict[str, object]:
+        m = self.manifest
+        return {
+            "name": m.name,
+            "version": m.version,
+            "task": m.task,
+            "variant": self.variant,
+            "provider": self.engine.provider,
+            "labels": [m.labels[i] for i in sorted(m.labels)],
+            "max_sequence_length": m.max_sequence_length,
+            "variants": sorted(m.variants),
+            "distillation": m.distillation.model_dump() if m.distillation else None,
+        }
+
+    def warm_up(self) -> None:
+        """Run the engine over the shapes batches will take, so no real request pays a first-call cost."""
+        policy = self.batcher.policy
+        for length in sorted({8, 32, self.manifest.max_sequence_length}):
+            for size in sorted({1, min(8, policy.max_batch_size), policy.max_batch_size}):
+                if size > 1 and size * length > policy.max_batch_tokens:
+                    continue
+                row = EncodedText(
+                    input_ids=np.full(length, self.encoder.pad_token_id, dtype=np.int64),
+                    type_ids=np.zeros(length, dtype=np.int64),
+                    offsets=[],
+                    truncated=False,
+                )
+                self.runner([row] * size)
+
+
+def load_model(
+    version: ModelVersion, settings: Settings, metrics: Metrics, engine_factory: EngineFactory
+) -> ServedModel:
+    """Build everything one model version needs; the batcher is started later, inside the event loop."""
+    manifest = version.manifest
+    wants_gpu = settings.device in ("auto", "gpu")
+    variant = choose_variant(manifest, settings.variant, on_gpu=False)
+    engine = engine_factory(version, variant, settings)
+    if wants_gpu and engine.provider == CUDA and settings.variant == "auto":
+        gpu_variant = choose_variant(manifest, "auto", on_gpu=True)
+        if gpu_variant != variant:
+            variant, engine = gpu_variant, engine_factory(version, gpu_variant, settings)
+    encoder = TextEncoder(version.file(manifest.tokenizer.file), manifest.tokenizer)
+    runner = EncoderRunner(engine, manifest.tokenizer.pad_token_id)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{manifest.name}")
+    policy = BatchPolicy(
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_wait_s=settings.max_wait_ms / 1000.0,
+        max_queue=settings.max_queue,
+    )
+    name = manifest.name
+    batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] = MicroBatcher(
+        runner,
+        policy,
+        cost=len,
+        executor=executor,
+        on_batch=lambda stats: metrics.observe_batch(name, stats),
+        on_queue_depth=lambda depth: metrics.queue_depth.labels(name).set(depth),
+    )
+    served = ServedModel(version, variant, engine, encoder, runner, batcher, executor)
+    metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
+    log.info(
+        "serving %s v%d (%s) variant=%s provider=%s",
+        name,
+        manifest.version,
+        manifest.task,
+        variant,
+        engine.provider,
+    )
+    return served

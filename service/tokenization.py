@@ -1,0 +1,74 @@
+"""Text -> token ids with `tokenizers` (never `transformers`), and padding a batch to its longest row."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from service.manifest import TokenizerSpec
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    """One sequence, unpadded. `offsets` map tokens back to characters of the text they came from."""
+
+    input_ids: np.ndarray
+    type_ids: np.ndarray
+    offsets: list[tuple[int, int]]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class TextEncoder:
+    """The manifest's tokenizer with its truncation settings; padding happens per batch, not here."""
+
+    def __init__(self, path: Path, spec: TokenizerSpec) -> None:
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.no_padding()
+        self.max_length = spec.max_length
+        if spec.truncation:
+            self._tokenizer.enable_truncation(spec.max_length)
+        else:
+            self._tokenizer.no_truncation()
+        self.pad_token_id = spec.pad_token_id
+
+    def encode(self, texts: Sequence[str]) -> list[EncodedText]:
+        return [self._convert(e) for e in self._tokenizer.encode_batch(list(texts))]
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[EncodedText]:
+        return [self._convert(e) for e in self._tokenizer.encode_batch(list(pairs))]
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @staticmethod
+    def _convert(e: Encoding) -> EncodedText:
+        return EncodedText(
+            input_ids=np.asarray(e.ids, dtype=np.int64),
+            type_ids=np.asarray(e.type_ids, dtype=np.int64),
+            offsets=list(e.offsets),
+            truncated=bool(e.overflowing),
+        )
+
+
+def pad_batch(rows: Sequence[EncodedText], pad_token_id: int) -> dict[str, np.ndarray]:
+    """Right-pad to the batch's longest row (never to the model max): padded tokens are wasted compute."""
+    longest = max(len(r) for r in rows)
+    input_ids = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
+    token_type_ids = np.zeros((len(rows), longest), dtype=np.int64)
+    for i, row in enumerate(rows):
+        n = len(row)
+        input_ids[i, :n] = row.input_ids
+        attention_mask[i, :n] = 1
+        token_type_ids[i, :n] = row.type_ids
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}

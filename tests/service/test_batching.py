@@ -1,0 +1,234 @@
+"""The micro-batcher under concurrency, with a fake engine: coalescing, caps, grouping, failures, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from service.batching import (
+    BatchPolicy,
+    BatchStats,
+    BatcherClosedError,
+    DeadlineExceededError,
+    MicroBatcher,
+    QueueFullError,
+    select_batch,
+)
+
+
+class FakeEngine:
+    """Records every batch; doubles each item; optionally slow, optionally failing on a poisoned item."""
+
+    def __init__(self, delay_s: float = 0.0, poison: str | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.delay_s = delay_s
+        self.poison = poison
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, items: list[str]) -> list[str]:
+        self.release.wait(5)
+        self.batches.append(list(items))
+        time.sleep(self.delay_s)
+        if self.poison is not None and self.poison in items:
+            raise RuntimeError("engine exploded")
+        return [item * 2 for item in items]
+
+
+def run(
+    engine: FakeEngine,
+    policy: BatchPolicy,
+    body: Callable[[MicroBatcher[str, str]], Coroutine[Any, Any, Any]],
+    stats: list[BatchStats] | None = None,
+) -> Any:
+    async def main() -> Any:
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            batcher: MicroBatcher[str, str] = MicroBatcher(
+                engine, policy, cost=len, executor=executor, on_batch=stats.append if stats is not None else None
+            )
+            batcher.start()
+            try:
+                return await body(batcher)
+            finally:
+                engine.release.set()
+                await batcher.close()
+
+    return asyncio.run(main())
+
+
+def test_concurrent_requests_coalesce_and_each_caller_gets_its_own_result() -> None:
+    engine = FakeEngine(delay_s=0.01)
+    stats: list[BatchStats] = []
+    items = [f"r{i}" for i in range(64)]
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        return list(await asyncio.gather(*(b.submit(x) for x in items)))
+
+    results = run(engine, BatchPolicy(max_batch_size=32), body, stats)
+    assert results == [x * 2 for x in items]
+    assert len(engine.batches) < 64
+    assert sorted(x for batch in engine.batches for x in batch) == sorted(items)
+    assert max(len(batch) for batch in engine.batches) <= 32
+    assert sum(s.size for s in stats) == 64
+
+
+def test_first_request_of_a_quiet_period_runs_alone_and_at_once() -> None:
+    engine = FakeEngine()
+
+    async def body(b: MicroBatcher[str, str]) -> float:
+        started = time.perf_counter()
+        assert await b.submit("solo") == "solosolo"
+        return time.perf_counter() - started
+
+    # max_wait is large, yet an idle engine must not wait for company.
+    elapsed = run(engine, BatchPolicy(max_wait_s=2.0), body)
+    assert engine.batches == [["solo"]]
+    assert elapsed < 1.0
+
+
+def test_batches_respect_the_padded_token_budget() -> None:
+    engine = FakeEngine()
+    engine.release.clear()  # hold the engine so the queue fills up
+    stats: list[BatchStats] = []
+    items = ["x" * n for n in (3, 50, 4, 48, 5, 52, 6, 47)]
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        first = asyncio.ensure_future(b.submit("y"))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(b.submit(x)) for x in items]
+        await asyncio.sleep(0.05)
+        engine.release.set()
+        return [await first, *[await r for r in rest]]
+
+    results = run(engine, BatchPolicy(max_batch_size=8, max_batch_tokens=110), body, stats)
+    assert results == ["yy", *[x * 2 for x in items]]
+    for s in stats:
+        assert s.padded_tokens <= 110 or s.size == 1
+    # Grouped by length: the short ones ride together, the long ones together.
+    grouped = [sorted(len(x) for x in batch) for batch in engine.batches[1:]]
+    assert [3, 4, 5, 6] in grouped
+    assert all(max(g) - min(g) <= 5 for g in grouped)
+
+
+def test_select_batch_keeps_the_oldest_and_groups_similar_lengths() -> None:
+    costs = [10, 100, 11, 99, 12, 9]
+    chosen = select_batch(costs, max_size=4, max_tokens=10_000)
+    assert 0 in chosen
+    assert sorted(costs[i] for i in chosen) == [9, 10, 11, 12]
+    # An oversized oldest item still runs (alone), so nothing starves.
+    assert select_batch([500, 1, 1], max_size=8, max_tokens=100) == [0]
+    assert select_batch([], max_size=8, max_tokens=100) == []
+
+
+def test_a_failing_batch_fails_only_its_own_requests() -> None:
+    engine = FakeEngine(poison="bad")
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> list[Any]:
+        first = asyncio.ensure_future(b.submit("bad"))
+        await asyncio.sleep(0.05)  # "bad" runs alone, blocked; the rest queue behind it
+        rest = [asyncio.ensure_future(b.submit(f"ok{i}")) for i in range(5)]
+        await asyncio.sleep(0.05)
+        engine.release.set()
+        return list(await asyncio.gather(first, *rest, return_exceptions=True))
+
+    results = run(engine, BatchPolicy(), body)
+    assert isinstance(results[0], RuntimeError)
+    assert results[1:] == [f"ok{i}" * 2 for i in range(5)]
+
+
+def test_a_full_queue_rejects_with_a_retry_hint() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        running = asyncio.ensure_future(b.submit("running"))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(b.submit(f"q{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError) as err:
+            await b.submit("one too many")
+        assert err.value.retry_after_s >= 1
+        engine.release.set()
+        assert await running == "runningrunning"
+        assert [await q for q in queued] == ["q0q0", "q1q1"]
+
+    run(engine, BatchPolicy(max_queue=2), body)
+    assert "one too many" not in [x for batch in engine.batches for x in batch]
+
+
+def test_a_request_past_its_deadline_is_dropped_before_compute() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        running = asyncio.ensure_future(b.submit("running"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DeadlineExceededError):
+            await b.submit("late", timeout_s=0.05)
+        engine.release.set()
+        await running
+
+    run(engine, BatchPolicy(), body)
+    assert all("late" not in batch for batch in engine.batches)
+
+
+def test_a_caller_that_goes_away_has_its_queued_work_dropped() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        running = asyncio.ensure_future(b.submit("running"))
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(b.submit("gone"))
+        stays = asyncio.ensure_future(b.submit("stays"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.sleep(0.01)
+        assert b.queue_depth == 1
+        engine.release.set()
+        assert await running == "runningrunning"
+        assert await stays == "staysstays"
+
+    run(engine, BatchPolicy(), body)
+    assert all("gone" not in batch for batch in engine.batches)
+
+
+def test_close_drains_queued_work_and_then_refuses_new_work() -> None:
+    engine = FakeEngine(delay_s=0.01)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(max_workers=1) as executor:
+            b: MicroBatcher[str, str] = MicroBatcher(engine, BatchPolicy(max_batch_size=2), cost=len, executor=executor)
+            b.start()
+            pending = [asyncio.ensure_future(b.submit(f"d{i}")) for i in range(6)]
+            await asyncio.sleep(0)
+            await b.close()
+            assert [p.result() for p in pending] == [f"d{i}" * 2 for i in range(6)]
+            with pytest.raises(BatcherClosedError):
+                await b.submit("after close")
+
+    asyncio.run(main())
+
+
+def test_max_wait_fills_batches_only_under_load() -> None:
+    engine = FakeEngine(delay_s=0.02)
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        first = asyncio.ensure_future(b.submit("a"))
+        await asyncio.sleep(0.005)
+        # These arrive while "a" runs: under load, the batcher may wait up to max_wait to fill the batch.
+        tasks = [asyncio.ensure_future(b.submit(f"b{i}")) for i in range(3)]
+        await asyncio.sleep(0.03)
+        tasks += [asyncio.ensure_future(b.submit(f"c{i}")) for i in range(3)]
+        await asyncio.gather(first, *tasks)
+
+    run(engine, BatchPolicy(max_batch_size=8, max_wait_s=0.1), body)
+    assert engine.batches[0] == ["a"]
+    assert len(engine.batches) == 2  # b* and c* were collected into one batch by the wait

@@ -1,0 +1,40 @@
+"""Knobs come from DISTILSERVE_* env vars and CLI flags; flags win; bad values are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from service.settings import Settings, parse_cli
+
+
+def test_env_vars_set_the_batching_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTILSERVE_MAX_BATCH_SIZE", "7")
+    monkeypatch.setenv("DISTILSERVE_MAX_BATCH_TOKENS", "999")
+    monkeypatch.setenv("DISTILSERVE_MAX_WAIT_MS", "2.5")
+    monkeypatch.setenv("DISTILSERVE_MAX_QUEUE", "11")
+    s = Settings()
+    assert (s.max_batch_size, s.max_batch_tokens, s.max_wait_ms, s.max_queue) == (7, 999, 2.5, 11)
+
+
+def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTILSERVE_PORT", "9000")
+    monkeypatch.setenv("DISTILSERVE_MAX_BATCH_SIZE", "4")
+    s = parse_cli(["--port", "9100", "--model-repository", "/srv/models"])
+    assert s.port == 9100 and s.max_batch_size == 4 and s.model_repository == Path("/srv/models")
+
+
+def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTILSERVE_MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        Settings()
+
+
+def test_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_cli(["--help"])
+    out = capsys.readouterr().out
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in out
