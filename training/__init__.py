@@ -1,0 +1,1 @@
+"""Teacher -> student distillation (PyTorch, HF transformers). Knows nothing of ONNX or HTTP."""

@@ -1,0 +1,1 @@
+"""Data for distillation runs: the seeded demo generator and loaders for standard formats."""

@@ -1,0 +1,35 @@
+"""Plain records every task's loader returns, whatever the file format they came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ClassificationExample:
+    text: str
+    label: int
+
+
+@dataclass(frozen=True)
+class ClassificationData:
+    """Examples plus the label names their ids index, and where they came from."""
+
+    examples: list[ClassificationExample]
+    label_names: list[str]
+    source: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    start: int  # character offset into the context
+
+
+@dataclass(frozen=True)
+class QAExample:
+    id: str
+    title: str
+    question: str
+    context: str
+    answers: list[Answer] = field(default_factory=list)
