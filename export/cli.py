@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast, get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from export.pipeline import SUPPORTED_VARIANTS, ExportError, ExportResult, export_model
+from service.manifest import Task
 
 console = Console(stderr=True)
 
@@ -52,16 +53,19 @@ def main(
         console.print(f"[red]{model_dir} is not an HF model directory (no config.json)")
         raise typer.Exit(2)
     wanted = [v.strip() for v in variants.split(",") if v.strip()]
+    if task not in get_args(Task):
+        console.print(f"[red]unknown task {task!r}; choose from {', '.join(get_args(Task))}")
+        raise typer.Exit(2)
     try:
         with console.status("exporting") as status:
             result = export_model(
                 model_dir,
-                task,
+                cast(Task, task),
                 name,
                 repository,
                 wanted,
                 opset,
-                seed,  # type: ignore[arg-type]
+                seed,
                 progress=lambda message: status.update(message),
             )
     except ExportError as e:

@@ -12,7 +12,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 
 Task = Literal["text-classification", "question-answering", "fill-mask", "text-generation"]
@@ -102,7 +101,7 @@ class DistillationRecord(_Strict):
 class Manifest(_Strict):
     """Everything the service trusts about one model version."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     version: int = Field(gt=0)
     task: Task

@@ -89,7 +89,7 @@ def read_version(directory: Path, verify_checksums: bool = True) -> ModelVersion
         )
     if str(manifest.version) != directory.name:
         raise RepositoryError(manifest_path, f"version {manifest.version} but directory {directory.name!r}")
-    listed = [(manifest.tokenizer.file, manifest.tokenizer.sha256, None)]
+    listed: list[tuple[str, str, int | None]] = [(manifest.tokenizer.file, manifest.tokenizer.sha256, None)]
     listed += [(v.file, v.sha256, v.size_bytes) for v in manifest.variants.values()]
     for relative, sha256, size in listed:
         path = directory / relative

@@ -82,13 +82,17 @@ def test_classify_matches_the_pytorch_student(settings: Settings, demo_pair: tup
     for row, probs in zip(many.json(), expected, strict=True):
         assert [r["label"] for r in row] == [labels[int(i)] for i in np.argsort(-probs)]
         for r in row:
-            assert r["score"] == pytest.approx(float(probs[{v: k for k, v in labels.items()}[r["label"]]]), abs=1e-4)
+            assert r["score"] == pytest.approx(
+                float(probs[{v: k for k, v in labels.items()}[r["label"]]]), abs=1e-4
+            )
     assert single[0]["label"] == many.json()[0][0]["label"]
     assert single[0]["score"] == pytest.approx(many.json()[0][0]["score"], abs=1e-5)
 
 
 def test_64_concurrent_requests_take_fewer_engine_calls(settings: Settings) -> None:
-    texts = [f"the film was {'wonderful' if i % 2 else 'terrible'} " + "and long " * (i % 7) for i in range(64)]
+    texts = [
+        f"the film was {'wonderful' if i % 2 else 'terrible'} " + "and long " * (i % 7) for i in range(64)
+    ]
 
     async def body(client: httpx.AsyncClient) -> tuple[list[httpx.Response], str]:
         responses = await asyncio.gather(*(client.post("/v1/classify", json={"inputs": t}) for t in texts))

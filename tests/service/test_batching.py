@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from service.batching import (
+    BatcherClosedError,
     BatchPolicy,
     BatchStats,
-    BatcherClosedError,
     DeadlineExceededError,
     MicroBatcher,
     QueueFullError,
@@ -50,7 +50,11 @@ def run(
     async def main() -> Any:
         with ThreadPoolExecutor(max_workers=1) as executor:
             batcher: MicroBatcher[str, str] = MicroBatcher(
-                engine, policy, cost=len, executor=executor, on_batch=stats.append if stats is not None else None
+                engine,
+                policy,
+                cost=len,
+                executor=executor,
+                on_batch=stats.append if stats is not None else None,
             )
             batcher.start()
             try:
@@ -205,7 +209,9 @@ def test_close_drains_queued_work_and_then_refuses_new_work() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=1) as executor:
-            b: MicroBatcher[str, str] = MicroBatcher(engine, BatchPolicy(max_batch_size=2), cost=len, executor=executor)
+            b: MicroBatcher[str, str] = MicroBatcher(
+                engine, BatchPolicy(max_batch_size=2), cost=len, executor=executor
+            )
             b.start()
             pending = [asyncio.ensure_future(b.submit(f"d{i}")) for i in range(6)]
             await asyncio.sleep(0)

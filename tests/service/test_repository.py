@@ -31,7 +31,9 @@ def test_a_valid_export_reads_back_with_its_manifest(classification_repository: 
 
 
 @pytest.mark.parametrize("missing", ["manifest.json", "model.onnx", "tokenizer.json"])
-def test_a_missing_file_is_rejected_naming_it(classification_repository: Path, tmp_path: Path, missing: str) -> None:
+def test_a_missing_file_is_rejected_naming_it(
+    classification_repository: Path, tmp_path: Path, missing: str
+) -> None:
     version_dir = copy_version(classification_repository, tmp_path)
     (version_dir / missing).unlink()
     with pytest.raises(RepositoryError) as err:
@@ -58,7 +60,9 @@ def test_a_truncated_file_is_rejected_by_size(classification_repository: Path, t
         read_version(version_dir)
 
 
-def test_invalid_json_and_schema_errors_name_the_manifest(classification_repository: Path, tmp_path: Path) -> None:
+def test_invalid_json_and_schema_errors_name_the_manifest(
+    classification_repository: Path, tmp_path: Path
+) -> None:
     version_dir = copy_version(classification_repository, tmp_path)
     manifest = version_dir / "manifest.json"
     manifest.write_text("{not json")
@@ -84,7 +88,9 @@ def test_a_manifest_that_disagrees_with_its_directory_is_rejected(
         read_version(moved)
 
 
-def test_scan_keeps_good_versions_and_reports_broken_ones(classification_repository: Path, tmp_path: Path) -> None:
+def test_scan_keeps_good_versions_and_reports_broken_ones(
+    classification_repository: Path, tmp_path: Path
+) -> None:
     version_dir = copy_version(classification_repository, tmp_path)
     broken = version_dir.parent / "2"
     shutil.copytree(version_dir, broken)

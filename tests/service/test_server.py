@@ -23,7 +23,15 @@ def test_the_entrypoint_serves_and_stops_cleanly(classification_repository: Path
     port = free_port()
     env = {**os.environ, "DISTILSERVE_MAX_BATCH_SIZE": "8"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--port", str(port), "--model-repository", str(classification_repository)],
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--port",
+            str(port),
+            "--model-repository",
+            str(classification_repository),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

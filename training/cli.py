@@ -1,0 +1,277 @@
+"""`python -m training teacher|distill|demo`: parse and check the options, then hand over to training.runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal, cast
+
+import torch
+import typer
+from rich.console import Console
+
+from training.demo import SUPPORTED_TASKS, run_demo
+from training.models import PRESETS
+from training.runs import TASKS, DistillConfig, distill, train_teacher
+from training.trainer import TrainConfig
+
+app = typer.Typer(
+    help="Distil BERT-style teachers into small students (PyTorch + HF transformers).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DATA_HELP = "a .jsonl file of {text, label} rows, or an SST-2 style .tsv/.csv with sentence and label columns"
+MIXED_PRECISION = ("no", "fp16", "bf16")
+
+
+def _available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _setup_threads(threads: int | None) -> None:
+    """One intra-op thread per core this process may use: more only adds contention on small models."""
+    torch.set_num_threads(threads or _available_cores())
+
+
+def _require_file(path: Path | None, flag: str) -> Path:
+    """Data files have no default (no hub, no guessing): say what to pass, and where demo data comes from."""
+    if path is None:
+        raise typer.BadParameter(
+            f"missing. Pass {DATA_HELP}; for demo data run `python -m training demo --out DIR`.",
+            param_hint=f"'{flag}'",
+        )
+    return path
+
+
+def _check_task(task: str) -> str:
+    if task not in TASKS:
+        raise typer.BadParameter(f"unknown task {task!r}; available: {', '.join(TASKS)}", param_hint="--task")
+    return task
+
+
+def _check_precision(value: str) -> Literal["no", "fp16", "bf16"]:
+    if value not in MIXED_PRECISION:
+        raise typer.BadParameter(
+            f"choose one of {', '.join(MIXED_PRECISION)}", param_hint="--mixed-precision"
+        )
+    return cast(Literal["no", "fp16", "bf16"], value)
+
+
+@contextmanager
+def _user_errors(console: Console) -> Iterator[None]:
+    """Bad data or an impossible model shape is the user's to fix: say so in one line, exit 1."""
+    try:
+        yield
+    except (ValueError, OSError) as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(1) from err
+
+
+# Options shared by `teacher` and `distill`.
+TaskOpt = typer.Option("text-classification", "--task", help=f"Task: {', '.join(TASKS)}.")
+TrainOpt = typer.Option(None, "--train", exists=True, dir_okay=False, help=f"Training data: {DATA_HELP}.")
+EvalOpt = typer.Option(
+    None, "--eval", exists=True, dir_okay=False, help="Evaluation data (same formats); every score uses it."
+)
+EpochsOpt = typer.Option(3, "--epochs", min=1, help="Passes over the training data.")
+BatchOpt = typer.Option(32, "--batch-size", min=1, help="Examples per micro-batch (per device).")
+SeedOpt = typer.Option(0, "--seed", help="Seed for initialisation, shuffling and dropout.")
+MaxLenOpt = typer.Option(128, "--max-length", min=8, help="Truncate inputs to this many tokens.")
+AccumOpt = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step.")
+WarmupOpt = typer.Option(
+    0.1, "--warmup-ratio", min=0.0, max=1.0, help="Share of steps with linear LR warmup."
+)
+DecayOpt = typer.Option(0.01, "--weight-decay", min=0.0, help="AdamW weight decay (not on biases/LayerNorm).")
+MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this many optimiser steps.")
+PrecisionOpt = typer.Option("no", "--mixed-precision", help="no, fp16 (GPU) or bf16.")
+CpuOpt = typer.Option(False, "--cpu", help="Train on CPU even when a GPU is present.")
+ThreadsOpt = typer.Option(
+    None, "--threads", min=1, help="CPU threads for PyTorch (default: available cores)."
+)
+
+
+@app.command()
+def teacher(
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Output HF model directory."),
+    task: str = TaskOpt,
+    train: Path | None = TrainOpt,
+    eval: Path | None = EvalOpt,
+    preset: str | None = typer.Option(
+        None, "--preset", help=f"Train from scratch with a config preset: {', '.join(PRESETS)}."
+    ),
+    model: str | None = typer.Option(None, "--model", help="Fine-tune a local HF directory or a hub id."),
+    epochs: int = EpochsOpt,
+    lr: float | None = typer.Option(
+        None, "--lr", help="Peak learning rate (default: 1e-3 with --preset, 5e-5 with --model)."
+    ),
+    batch_size: int = BatchOpt,
+    seed: int = SeedOpt,
+    max_length: int = MaxLenOpt,
+    vocab_size: int = typer.Option(
+        4000, "--vocab-size", min=100, help="WordPiece vocabulary size (--preset)."
+    ),
+    grad_accum: int = AccumOpt,
+    warmup_ratio: float = WarmupOpt,
+    weight_decay: float = DecayOpt,
+    max_steps: int | None = MaxStepsOpt,
+    mixed_precision: str = PrecisionOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Train a teacher from scratch (--preset) or fine-tune one (--model): HF dir + train_report.json."""
+    task = _check_task(task)
+    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    if (preset is None) == (model is None):
+        raise typer.BadParameter(
+            "give exactly one of --preset NAME or --model PATH_OR_HUB_ID", param_hint="--preset"
+        )
+    if preset is not None and preset not in PRESETS:
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; available: {', '.join(PRESETS)}", param_hint="--preset"
+        )
+    cfg = TrainConfig(
+        epochs=epochs,
+        lr=lr if lr is not None else (1e-3 if preset else 5e-5),
+        batch_size=batch_size,
+        seed=seed,
+        grad_accum_steps=grad_accum,
+        warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay,
+        max_steps=max_steps,
+        mixed_precision=_check_precision(mixed_precision),
+        cpu=cpu,
+    )
+    _setup_threads(threads)
+    console = Console()
+    source = preset if preset is not None else str(model)
+    with _user_errors(console):
+        train_teacher(
+            task,
+            train_path,
+            eval_path,
+            out,
+            source=source,
+            cfg=cfg,
+            max_length=max_length,
+            vocab_size=vocab_size,
+            console=console,
+        )
+
+
+def _parse_layer_map(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError as err:
+        raise typer.BadParameter(
+            f"expected comma-separated layer indices, got {value!r}", param_hint="--layer-map"
+        ) from err
+
+
+@app.command(name="distill")
+def distill_command(
+    teacher: str = typer.Option(..., "--teacher", help="Trained teacher: an HF directory (or hub id)."),
+    out: Path = typer.Option(
+        ..., "--out", file_okay=False, help="Output HF model directory for the student."
+    ),
+    task: str = TaskOpt,
+    train: Path | None = TrainOpt,
+    eval: Path | None = EvalOpt,
+    layers: int = typer.Option(2, "--layers", min=1, help="Student depth."),
+    layer_map: str | None = typer.Option(
+        None,
+        "--layer-map",
+        help="Teacher layers to copy, e.g. 0,3 (default: spread over the depth, first and last included).",
+    ),
+    hidden_size: int | None = typer.Option(
+        None, "--hidden-size", min=8, help="Narrower student (built from config, no weights copied)."
+    ),
+    temperature: float = typer.Option(
+        2.0, "--temperature", min=0.01, help="Softmax temperature for soft targets."
+    ),
+    alpha_kd: float = typer.Option(0.5, "--alpha-kd", min=0.0, help="Weight of the T²-scaled KL term."),
+    alpha_hard: float = typer.Option(0.5, "--alpha-hard", min=0.0, help="Weight of the hard-label term."),
+    epochs: int = EpochsOpt,
+    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate."),
+    batch_size: int = BatchOpt,
+    seed: int = SeedOpt,
+    max_length: int = MaxLenOpt,
+    grad_accum: int = AccumOpt,
+    warmup_ratio: float = WarmupOpt,
+    weight_decay: float = DecayOpt,
+    max_steps: int | None = MaxStepsOpt,
+    mixed_precision: str = PrecisionOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
+    task = _check_task(task)
+    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    student = DistillConfig(
+        layers=layers,
+        layer_map=_parse_layer_map(layer_map),
+        hidden_size=hidden_size,
+        temperature=temperature,
+        alpha_kd=alpha_kd,
+        alpha_hard=alpha_hard,
+    )
+    cfg = TrainConfig(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        grad_accum_steps=grad_accum,
+        warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay,
+        max_steps=max_steps,
+        mixed_precision=_check_precision(mixed_precision),
+        cpu=cpu,
+    )
+    _setup_threads(threads)
+    console = Console()
+    with _user_errors(console):
+        distill(
+            task,
+            teacher,
+            train_path,
+            eval_path,
+            out,
+            student=student,
+            cfg=cfg,
+            max_length=max_length,
+            console=console,
+        )
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(
+        ..., "--out", file_okay=False, help="Directory for data/ and <task>/{teacher,student}."
+    ),
+    tasks: str = typer.Option(
+        ",".join(SUPPORTED_TASKS), "--tasks", help=f"Comma-separated tasks: {', '.join(SUPPORTED_TASKS)}."
+    ),
+    seed: int = SeedOpt,
+    quick: bool = typer.Option(False, "--quick", help="Tiny preset and few steps: seconds, for tests."),
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Generate demo data, train a WordPiece tokenizer and a from-scratch teacher, distil a student."""
+    _setup_threads(threads)
+    console = Console()
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+    with _user_errors(console):
+        pairs = run_demo(out, chosen, seed=seed, quick=quick, console=console)
+    for task, (teacher_dir, student_dir) in pairs.items():
+        console.print(f"[bold]{task}[/]: teacher {teacher_dir}  student {student_dir}")
+
+
+def main() -> None:
+    app()

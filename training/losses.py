@@ -1,0 +1,71 @@
+"""The distillation loss: a pure function of logits, labels and weights that returns its terms.
+
+Works for any task whose model ends in logits over a last dimension: class logits [B, C], start/end logits
+[B, L], masked-token or next-token logits [B, L, V]. Positions whose label is `ignore_index` count in
+neither term, so padding and unmasked tokens never pull the student.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class LossTerms(NamedTuple):
+    """`total` is what backpropagates; `kd` and `hard` are kept apart so they can be logged."""
+
+    total: torch.Tensor
+    kd: torch.Tensor
+    hard: torch.Tensor
+
+
+def distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float,
+    alpha_kd: float,
+    alpha_hard: float,
+    ignore_index: int = -100,
+) -> LossTerms:
+    """alpha_kd * T² · KL(p_teacher,T ‖ p_student,T) + alpha_hard * CE(student, labels).
+
+    Both terms are means over the kept positions (per example for [B, C] logits, per labelled token for
+    [B, L, V]). The T² factor keeps the soft-target gradients on the same scale as the hard ones whatever
+    the temperature (Hinton et al., 2015). Computed in float32 so mixed-precision logits stay stable.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    num_classes = student_logits.size(-1)
+    student = student_logits.reshape(-1, num_classes).float()
+    teacher = teacher_logits.detach().reshape(-1, num_classes).float()  # targets, never trained here
+    targets = labels.reshape(-1)
+    if targets.numel() != student.size(0):
+        raise ValueError(f"labels {tuple(labels.shape)} do not match logits {tuple(student_logits.shape)}")
+
+    keep = targets != ignore_index
+    count = keep.sum().clamp(min=1)  # all positions ignored -> both terms are 0, not NaN
+
+    log_p_student = F.log_softmax(student[keep] / temperature, dim=-1)
+    log_p_teacher = F.log_softmax(teacher[keep] / temperature, dim=-1)
+    kl = F.kl_div(log_p_student, log_p_teacher, reduction="sum", log_target=True)
+    kd = kl / count * temperature**2
+
+    hard = F.cross_entropy(student, targets, ignore_index=ignore_index, reduction="sum") / count
+    return LossTerms(total=alpha_kd * kd + alpha_hard * hard, kd=kd, hard=hard)
+
+
+def hard_loss(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = -100) -> LossTerms:
+    """Plain cross-entropy (teacher training), as LossTerms so the trainer logs both paths alike."""
+    targets = labels.reshape(-1)
+    count = (targets != ignore_index).sum().clamp(min=1)
+    flat = logits.reshape(-1, logits.size(-1)).float()
+    hard = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum") / count
+    return LossTerms(total=hard, kd=torch.zeros_like(hard), hard=hard)

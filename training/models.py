@@ -1,0 +1,163 @@
+"""Teachers (a preset trained from scratch, a local HF directory or a hub id) and students cut from them.
+
+A student keeps the teacher's width where it can and then starts from the teacher's own weights
+(DistilBERT): embeddings, a chosen subset of the transformer layers, pooler and task head. A narrower
+student has no shapes to copy and starts from its config.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch.nn as nn
+from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, PreTrainedModel
+
+# Small BERT shapes for teachers trained from scratch (there is no hub on the build machines).
+PRESETS: dict[str, dict[str, int]] = {
+    # ~4M parameters: learns the demo data in well under a minute on 2 CPU cores.
+    "bert-demo": {
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 128,
+    },
+    # For tests that must run in seconds.
+    "bert-tiny": {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 64,
+    },
+}
+
+# One auto class per task; QA, fill-mask and generation add their own entry here.
+TASK_MODEL_CLASSES = {"text-classification": AutoModelForSequenceClassification}
+
+
+def _model_class(task: str) -> type[AutoModelForSequenceClassification]:
+    if task not in TASK_MODEL_CLASSES:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASK_MODEL_CLASSES)}")
+    return TASK_MODEL_CLASSES[task]
+
+
+def _labels(label_names: Sequence[str]) -> dict[str, object]:
+    return {
+        "num_labels": len(label_names),
+        "id2label": dict(enumerate(label_names)),
+        "label2id": {name: i for i, name in enumerate(label_names)},
+    }
+
+
+def _head_matches(config: object, label_names: Sequence[str]) -> bool:
+    """True when a checkpoint's head already predicts exactly these labels (in any order, any case)."""
+    known = {str(name).lower() for name in getattr(config, "label2id", {}) or {}}
+    return len(known) == len(label_names) and known == {name.lower() for name in label_names}
+
+
+def load_teacher(
+    source: str, task: str, label_names: Sequence[str], tokenizer_vocab_size: int | None = None
+) -> PreTrainedModel:
+    """A teacher from a preset name (fresh weights), a local HF directory or a hub id.
+
+    A checkpoint whose head already predicts these labels is kept as it is (its label ids may be in
+    another order: callers map label names through `model.config.label2id`). Otherwise a new head with
+    our labels replaces it.
+    """
+    model_class = _model_class(task)
+    if source in PRESETS:
+        if tokenizer_vocab_size is None:
+            raise ValueError(f"preset {source!r} is trained from scratch: pass tokenizer_vocab_size")
+        config = BertConfig(
+            vocab_size=tokenizer_vocab_size, pad_token_id=0, **PRESETS[source], **_labels(label_names)
+        )
+        return model_class.from_config(config)
+    config = AutoConfig.from_pretrained(source)
+    if _head_matches(config, label_names):
+        return model_class.from_pretrained(source)
+    return model_class.from_pretrained(source, ignore_mismatched_sizes=True, **_labels(label_names))
+
+
+def load_trained(source: str, task: str) -> PreTrainedModel:
+    """A model already trained for `task` (a teacher to distil from), head and labels as saved."""
+    return _model_class(task).from_pretrained(source)
+
+
+def default_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+    """Teacher layers spread evenly over the depth, first and last included.
+
+    12 -> 6: 0,2,4,7,9,11 (DistilBERT's choice); 4 -> 2: 0,3; 4 -> 3: 0,2,3 (rounding half to even).
+
+    A one-layer student takes layer 0: it is the only one trained on the embeddings' output as its input.
+    """
+    if not 1 <= student_layers <= teacher_layers:
+        raise ValueError(f"a student needs 1..{teacher_layers} layers, got {student_layers}")
+    if student_layers == 1:
+        return [0]
+    step = (teacher_layers - 1) / (student_layers - 1)
+    return [round(i * step) for i in range(student_layers)]
+
+
+def layer_stack(model: nn.Module, num_layers: int) -> tuple[str, nn.ModuleList]:
+    """The transformer layers' ModuleList and its dotted name (bert.encoder.layer, transformer.h, ...)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers:
+            return name, module
+    raise ValueError(f"no list of {num_layers} layers in {type(model).__name__}")
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_student(
+    teacher: PreTrainedModel,
+    num_layers: int,
+    layer_map: list[int] | None = None,
+    hidden_size: int | None = None,
+) -> PreTrainedModel:
+    """A shallower (optionally narrower) copy of the teacher's architecture, with the teacher's labels.
+
+    Same width: every weight outside the layer stack is copied, and student layer i is teacher layer
+    layer_map[i] (default: `default_layer_map`). Narrower: built from config, heads keep the teacher's head
+    size and the feed-forward keeps its ratio; `layer_map` must then be None.
+    """
+    config = copy.deepcopy(teacher.config)
+    teacher_layers = int(config.num_hidden_layers)
+    config.num_hidden_layers = num_layers
+    model_class = type(teacher)
+
+    if hidden_size is not None and hidden_size != config.hidden_size:
+        if layer_map is not None:
+            raise ValueError("layer_map needs a student as wide as the teacher; drop it or hidden_size")
+        head_dim = config.hidden_size // config.num_attention_heads
+        if hidden_size % head_dim:
+            raise ValueError(
+                f"hidden_size {hidden_size} must be a multiple of the teacher's head size {head_dim}"
+            )
+        if hasattr(config, "intermediate_size"):
+            config.intermediate_size = config.intermediate_size * hidden_size // config.hidden_size
+        config.num_attention_heads = hidden_size // head_dim
+        config.hidden_size = hidden_size
+        return model_class(config)
+
+    layer_map = default_layer_map(teacher_layers, num_layers) if layer_map is None else list(layer_map)
+    if len(layer_map) != num_layers or not all(0 <= i < teacher_layers for i in layer_map):
+        raise ValueError(
+            f"layer_map {layer_map} must name {num_layers} teacher layers in 0..{teacher_layers - 1}"
+        )
+
+    student = model_class(config)
+    stack_name, teacher_stack = layer_stack(teacher, teacher_layers)
+    student_stack = student.get_submodule(stack_name)
+    assert isinstance(student_stack, nn.ModuleList)
+    outside = {k: v for k, v in teacher.state_dict().items() if not k.startswith(stack_name + ".")}
+    missing, unexpected = student.load_state_dict(outside, strict=False)
+    not_copied = [k for k in missing if not k.startswith(stack_name + ".")]
+    if not_copied or unexpected:
+        raise ValueError(f"student and teacher differ outside the layers: {not_copied or unexpected}")
+    for student_index, teacher_index in enumerate(layer_map):
+        student_stack[student_index].load_state_dict(teacher_stack[teacher_index].state_dict())
+    return student

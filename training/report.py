@@ -1,0 +1,143 @@
+"""The reports a run leaves beside its model: what was trained, on what, how well, how fast, from which code.
+
+`distill_report.json` (student dir) is what export/ copies into the manifest's distillation record;
+`train_report.json` (teacher dir) records the teacher's own run. Each has a short Markdown twin for people.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from transformers import PreTrainedTokenizerBase
+
+DISTILL_REPORT = "distill_report.json"
+TRAIN_REPORT = "train_report.json"
+
+
+def git_revision() -> str | None:
+    """The commit this code was run from (with `+dirty` if the tree has changes), or None outside git."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # read-only: `git status` must not touch the index
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=here,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}+dirty" if dirty else rev or None
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@torch.inference_mode()
+def latency_ms(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    *,
+    batch_sizes: Sequence[int] = (1, 32),
+    max_length: int = 128,
+    runs: int = 5,
+) -> dict[str, float]:
+    """Median PyTorch CPU forward time per batch size, in ms (tokenisation excluded), after one warm-up."""
+    cpu_model = model if next(model.parameters()).device.type == "cpu" else copy.deepcopy(model).cpu()
+    was_training = cpu_model.training
+    cpu_model.eval()
+    result: dict[str, float] = {}
+    for size in batch_sizes:
+        batch = [texts[i % len(texts)] for i in range(size)]
+        inputs = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        inputs = {k: v for k, v in inputs.items() if k in tokenizer.model_input_names}
+        cpu_model(**inputs)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            cpu_model(**inputs)
+            times.append((time.perf_counter() - started) * 1000)
+        result[f"batch_{size}"] = round(statistics.median(times), 3)
+    cpu_model.train(was_training)
+    return result
+
+
+def write_report(out_dir: str | Path, name: str, report: dict[str, Any]) -> Path:
+    """Write `name` (JSON) and its Markdown twin into out_dir; returns the JSON path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(to_markdown(report), encoding="utf-8")
+    return path
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "—" if value is None else str(value)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """One table row per model: score, size, latency; then the recipe and provenance."""
+    metric = report.get("metric", "score")
+    lines = [f"# {report.get('task', 'training')} run", ""]
+    lines += [
+        f"| model | {metric} | params | layers | latency b1 (ms) | latency b32 (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    latency = report.get("latency_ms", {})
+    for role in ("teacher", "student"):
+        if role not in report:
+            continue
+        entry, lat = report[role], latency.get(role, {})
+        cells = [
+            entry.get("score"),
+            entry.get("params"),
+            entry.get("layers"),
+            lat.get("batch_1"),
+            lat.get("batch_32"),
+        ]
+        lines.append(f"| {role} | " + " | ".join(_fmt(c) for c in cells) + " |")
+    lines.append("")
+    if "agreement" in report:
+        lines.append(f"Student-teacher top-1 agreement: {_fmt(report['agreement'])}")
+        lines.append("")
+    for split in ("train", "eval"):
+        if split in report:
+            lines.append(f"- {split}: {report[split]['source']} ({report[split]['examples']:,} examples)")
+    lines.append("- recipe: " + ", ".join(f"{k}={v}" for k, v in report.get("recipe", {}).items()))
+    lines.append(f"- git revision: {_fmt(report.get('git_revision'))}; created {report.get('created_at')}")
+    return "\n".join(lines) + "\n"
+
+
+def read_report(model_dir: str | Path, name: str = TRAIN_REPORT) -> dict[str, Any] | None:
+    path = Path(model_dir) / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

@@ -1,0 +1,68 @@
+"""A BERT WordPiece tokenizer trained on the run's own texts, for teachers trained from scratch.
+
+There is no model hub to download a vocabulary from, so from-scratch teachers get one learnt from the
+training data. It is built with `tokenizers` and wrapped as a `BertTokenizerFast`, so `save_pretrained`
+writes a `tokenizer.json` that the service loads with `tokenizers` alone and gets the very same ids.
+
+Known limit: the `tokenizers` WordPiece trainer is not deterministic (huggingface/tokenizers#1794: `##`
+pieces get ids in hash-map order, which breaks ties between merges), so two runs on the same texts may
+learn slightly different vocabularies. Everything after it is seeded; the saved tokenizer.json is the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertTokenizerFast, PreTrainedTokenizerFast
+
+# Order fixes the ids: [PAD]=0 (BertConfig's pad_token_id), [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def train_wordpiece(
+    texts: Iterable[str], vocab_size: int = 4000, lowercase: bool = True
+) -> BertTokenizerFast:
+    """Learn a WordPiece vocabulary (at most `vocab_size` entries) with BERT's normaliser and templates."""
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    for token_id, token in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(token) == token_id, f"{token} must have id {token_id}"
+    tokenizer.post_processor = processors.BertProcessing(
+        sep=("[SEP]", SPECIAL_TOKENS.index("[SEP]")), cls=("[CLS]", SPECIAL_TOKENS.index("[CLS]"))
+    )
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return BertTokenizerFast(
+        tokenizer_object=tokenizer,
+        do_lower_case=lowercase,
+        strip_accents=None,
+        tokenize_chinese_chars=True,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+    )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
+    """`save_pretrained`, with the padding/truncation state that HF calls leave behind cleared first.
+
+    Encoding with `padding=`/`truncation=` switches those on inside the backend tokenizer and they would be
+    written into tokenizer.json; the service decides both itself, from the manifest.
+    """
+    backend = tokenizer.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    tokenizer.save_pretrained(str(out_dir))
