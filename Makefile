@@ -25,7 +25,7 @@ serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT 
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --model-repository $(MODEL_REPOSITORY)
 
-test: $(INSTALLED)                       ## the whole suite (what CI runs)
+test: lint                               ## static checks, then the whole suite (what CI runs)
 	$(BIN)/python -m pytest
 
 models: $(INSTALLED)                     ## train the demo teacher/student and export it as a new version

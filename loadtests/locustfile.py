@@ -1,6 +1,6 @@
 """Classification traffic for locust (first scenario; the deployment issue adds the other endpoints).
 
-    .venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 16 -t 30s
+.venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 16 -t 30s
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 from locust import HttpUser, between, task
 
 OPENINGS = ["I loved this film", "A dull, terrible film", "The acting was superb", "What a waste of time"]
-MIDDLES = [", and the music was", ", although the plot was", ". The ending felt", "; honestly the cast seemed"]
+MIDDLES = [", and the music was", ", although the plot was", ". The ending felt", "; the cast seemed"]
 ENDINGS = [" wonderful.", " boring.", " brilliant and moving.", " painfully slow and predictable."]
 
 
@@ -39,7 +39,8 @@ class ClassifyUser(HttpUser):
 
     @task(1)
     def bad_request(self) -> None:
-        with self.client.post("/v1/classify", json={"inputs": ""}, catch_response=True, name="bad input") as r:
+        body = {"inputs": ""}
+        with self.client.post("/v1/classify", json=body, catch_response=True, name="bad input") as r:
             if r.status_code == 422:
                 r.success()
             else:
