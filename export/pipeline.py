@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from service.manifest import (
     VariantSpec,
 )
 from service.repository import sha256_of
+from training.report import git_revision
 
 VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
 VARIANT_DEVICE = {"fp32": "any", "int8": "cpu", "fp16": "gpu"}
@@ -96,16 +96,6 @@ def max_sequence_length(tokenizer: Any, config: Any) -> int:
     if not usable:
         raise ExportError("cannot tell the model's maximum sequence length from its config or tokenizer")
     return min(usable)
-
-
-def _git_revision() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def distillation_record(model_dir: Path) -> DistillationRecord | None:
@@ -243,7 +233,7 @@ def export_model(
                 distillation=distillation_record(model_dir),
                 opset=opset_used,
                 created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                git_revision=_git_revision(),
+                git_revision=git_revision(),
                 source_model=str(model_dir),
             )
 

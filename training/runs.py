@@ -128,6 +128,32 @@ def _score(history: History, metric: str, evaluate: EvalFn, model: PreTrainedMod
     return float(last[metric]) if metric in last else evaluate(model)[metric]
 
 
+def _loader_and_evaluator(
+    task: Task,
+    train_data: Any,
+    eval_data: Any,
+    tokenizer: PreTrainedTokenizerFast,
+    labelled_by: PreTrainedModel,
+    cfg: TrainConfig,
+    max_length: int,
+) -> tuple[DataLoader, EvalFn]:
+    """The shuffled train loader (labels mapped by `labelled_by`'s config) and the per-epoch evaluation."""
+    loader = task.make_loader(
+        train_data,
+        tokenizer,
+        labelled_by.config.label2id,
+        batch_size=cfg.batch_size,
+        max_length=max_length,
+        shuffle=True,
+        seed=cfg.seed,
+    )
+
+    def evaluate(m: Any) -> dict[str, float]:
+        return {task.METRIC: task.evaluate(m, eval_data, tokenizer, max_length=max_length)}
+
+    return loader, evaluate
+
+
 def train_teacher(
     task_name: str,
     train_path: str | Path,
@@ -161,18 +187,7 @@ def train_teacher(
     model = load_teacher(source, task.TASK, task.label_names(train_data), tokenizer_vocab_size=len(tokenizer))
     max_length = min(max_length, model.config.max_position_embeddings)
 
-    loader = task.make_loader(
-        train_data,
-        tokenizer,
-        model.config.label2id,
-        batch_size=cfg.batch_size,
-        max_length=max_length,
-        shuffle=True,
-        seed=cfg.seed,
-    )
-
-    def evaluate(m: Any) -> dict[str, float]:
-        return {task.METRIC: task.evaluate(m, eval_data, tokenizer, max_length=max_length)}
+    loader, evaluate = _loader_and_evaluator(task, train_data, eval_data, tokenizer, model, cfg, max_length)
 
     history = train(model, loader, task.teacher_step, cfg, evaluate=evaluate, description="teacher")
     if not history.is_main_process:
@@ -248,18 +263,7 @@ def distill(
 
     teacher_score = task.evaluate(teacher, eval_data, tokenizer, max_length=max_length)
     console.print(f"teacher {task.METRIC} on {eval_data.source}: {teacher_score:.4f}")
-    loader = task.make_loader(
-        train_data,
-        tokenizer,
-        teacher.config.label2id,
-        batch_size=cfg.batch_size,
-        max_length=max_length,
-        shuffle=True,
-        seed=cfg.seed,
-    )
-
-    def evaluate(m: Any) -> dict[str, float]:
-        return {task.METRIC: task.evaluate(m, eval_data, tokenizer, max_length=max_length)}
+    loader, evaluate = _loader_and_evaluator(task, train_data, eval_data, tokenizer, teacher, cfg, max_length)
 
     step = task.distill_step(student.temperature, student.alpha_kd, student.alpha_hard)
     history = train(model, loader, step, cfg, teacher=teacher, evaluate=evaluate, description="student")
