@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from export.pipeline import SUPPORTED_VARIANTS, ExportError, ExportResult, export_model
+from export.pipeline import ExportError, ExportResult, export_model
+from export.variants import ALL_VARIANTS
 from service.manifest import Task
 
 console = Console(stderr=True)
@@ -19,31 +20,49 @@ console = Console(stderr=True)
 
 def _summary(result: ExportResult) -> Table:
     table = Table(title="export summary")
-    for column in ("variant", "size (MB)", "max |diff|", "top-1 agree", "rows", "build (s)", "written"):
+    columns = ("variant", "size (MB)", "max |diff|", "top-1 agree", "greedy", "rows", "build (s)", "written")
+    for column in columns:
         table.add_column(column)
     for r in result.variants:
+        greedy = r.parity.greedy_match
         table.add_row(
             r.variant,
             f"{r.size_bytes / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
             f"{r.parity.top1_agreement:.4f}",
+            "-" if greedy is None else f"{greedy:.3f}",
             str(r.parity.rows),
             f"{r.seconds:.1f}",
-            "yes" if r.passed and result.version_dir else "no: " + "; ".join(r.problems or ["fp32 failed"]),
+            "yes" if r.passed and result.version_dir else "no",
         )
     return table
+
+
+def _explain_skipped(result: ExportResult) -> None:
+    for r in result.variants:
+        if not r.passed:
+            console.print(f"[yellow]{r.variant} not written: {'; '.join(r.problems)}")
 
 
 def main(
     model_dir: Annotated[
         Path, typer.Argument(help="HF model directory (save_pretrained output, fast tokenizer).")
     ],
-    task: Annotated[str, typer.Option(help="text-classification (QA, fill-mask, generation: coming).")],
+    task: Annotated[
+        str, typer.Option(help="text-classification, question-answering, fill-mask or text-generation.")
+    ],
     name: Annotated[str, typer.Option(help="Model name clients use, e.g. sentiment.")],
     repository: Annotated[Path, typer.Option(help="Model repository root.")] = Path("models"),
     variants: Annotated[
-        str, typer.Option(help=f"Comma list of {', '.join(SUPPORTED_VARIANTS)}.")
-    ] = "fp32,int8",
+        str,
+        typer.Option(help=f"Comma list of {', '.join(ALL_VARIANTS)}; each written only if it passes parity."),
+    ] = ",".join(ALL_VARIANTS),
+    eval_data: Annotated[
+        Path | None,
+        typer.Option(
+            help="The task's eval file (JSONL/TSV, SQuAD JSON, text): top-1 agreement is measured on it."
+        ),
+    ] = None,
     opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated parity inputs.")] = 0,
 ) -> None:
@@ -66,12 +85,14 @@ def main(
                 wanted,
                 opset,
                 seed,
+                eval_data,
                 progress=lambda message: status.update(message),
             )
     except ExportError as e:
         console.print(f"[red]export failed: {e}")
         raise typer.Exit(1) from e
     console.print(_summary(result))
+    _explain_skipped(result)
     if result.version_dir is None:
         console.print("[red]fp32 failed its parity gate: nothing written")
         raise typer.Exit(1)

@@ -11,13 +11,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import onnxruntime as ort
 
+from export.greedy import greedy_match
 from export.onnx_export import describe_graph, export_onnx
-from export.parity import BOUNDS, Feeds, ParityReport, compare, generated_batches
+from export.parity import BOUNDS, Feeds, Outputs, ParityReport, compare
 from export.repository import write_version
+from export.tasks import (
+    SPECS,
+    TaskSpec,
+    eval_inputs,
+    generated_inputs,
+    generation_layout,
+    load_reference,
+    onnx_feeds,
+    torch_outputs,
+)
+from export.variants import ALL_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION, build_variant
 from service.manifest import (
     DistillationRecord,
+    GenerationLayout,
     Manifest,
     ModelScore,
     SpecialTokens,
@@ -28,11 +41,8 @@ from service.manifest import (
 from service.repository import sha256_of
 from training.report import git_revision
 
-VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
-VARIANT_DEVICE = {"fp32": "any", "int8": "cpu", "fp16": "gpu"}
-PARITY_OUTPUT: dict[str, str] = {"text-classification": "logits", "fill-mask": "logits"}
-SUPPORTED_TASKS = ("text-classification",)
-SUPPORTED_VARIANTS = ("fp32", "int8")
+GREEDY_PROMPTS = 8
+GREEDY_NEW_TOKENS = 16
 
 
 class ExportError(RuntimeError):
@@ -57,37 +67,6 @@ class VariantResult:
 class ExportResult:
     version_dir: Path | None
     variants: list[VariantResult] = field(default_factory=list)
-
-
-def _load_reference(model_dir: Path, task: Task) -> tuple[Any, Any]:
-    """The PyTorch model and HF tokenizer the ONNX graph must reproduce."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    classes = {"text-classification": AutoModelForSequenceClassification}
-    model = classes[task].from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer
-
-
-def _torch_reference(model: Any, output: str) -> Callable[[Feeds], np.ndarray]:
-    import torch
-
-    def run(feeds: Feeds) -> np.ndarray:
-        with torch.no_grad():
-            out = model(**{k: torch.from_numpy(v) for k, v in feeds.items()})
-        return getattr(out, output).float().numpy()
-
-    return run
-
-
-def _quantize_int8(fp32: Path, out: Path) -> None:
-    """Dynamic int8 on the plain export (quantizing an optimized graph fails, see FACTS.md)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        fp32, out, weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}
-    )
 
 
 def max_sequence_length(tokenizer: Any, config: Any) -> int:
@@ -118,6 +97,70 @@ def distillation_record(model_dir: Path) -> DistillationRecord | None:
     )
 
 
+@dataclass
+class _Parity:
+    """Everything the gate needs, computed once: inputs, PyTorch outputs, greedy prompts."""
+
+    spec: TaskSpec
+    model: Any
+    layout: GenerationLayout | None
+    batches: list[Feeds]
+    reference: list[Outputs]
+    eval_batches: int
+    prompts: list[list[int]]
+
+    def judge(self, variant: str, path: Path) -> tuple[ParityReport, list[str]]:
+        try:
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        except Exception as e:  # a graph ORT cannot even load fails its gate, with the reason
+            empty = ParityReport(max_abs_diff=float("inf"), top1_agreement=0.0, rows=0)
+            return empty, [f"ONNX Runtime cannot load it on CPU: {str(e).splitlines()[0][:200]}"]
+        names = [i.name for i in session.get_inputs()]
+        wanted = list(self.spec.outputs)
+        got = [
+            dict(zip(wanted, session.run(wanted, onnx_feeds(b, names, self.layout)), strict=True))
+            for b in self.batches
+        ]
+        report = compare(
+            self.reference,
+            got,
+            self.batches,
+            self.spec.outputs,
+            self.spec.per_position,
+            self.eval_batches or None,
+        )
+        if self.layout is not None and variant == "fp32":
+            match = greedy_match(session, self.layout, self.model, self.prompts, GREEDY_NEW_TOKENS)
+            report = ParityReport(report.max_abs_diff, report.top1_agreement, report.rows, match)
+        return report, BOUNDS[variant].failures(report)
+
+
+def _prepare_parity(
+    spec: TaskSpec,
+    model: Any,
+    tokenizer: Any,
+    max_length: int,
+    eval_data: Path | None,
+    seed: int,
+) -> _Parity:
+    layout = generation_layout(model.config, tokenizer) if spec.task == "text-generation" else None
+    batches = generated_inputs(spec, tokenizer, model.config, max_length, seed)
+    from_eval = eval_inputs(spec, tokenizer, eval_data, max_length) if eval_data is not None else []
+    batches += from_eval
+    reference = [torch_outputs(model, spec, b) for b in batches]
+    prompts: list[list[int]] = []
+    if layout is not None:
+        source = from_eval or batches
+        rows = [
+            row[mask.astype(bool)].tolist()
+            for b in source
+            for row, mask in zip(b["input_ids"], b["attention_mask"], strict=True)
+        ]
+        budget = max(1, max_length - GREEDY_NEW_TOKENS)
+        prompts = [r[: min(budget, 12)] for r in rows if r][:GREEDY_PROMPTS]
+    return _Parity(spec, model, layout, batches, reference, len(from_eval), prompts)
+
+
 def export_model(
     model_dir: Path,
     task: Task,
@@ -126,117 +169,137 @@ def export_model(
     variants: Sequence[str] = ("fp32",),
     opset: int | None = None,
     seed: int = 0,
+    eval_data: Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> ExportResult:
     """Export, gate every variant on parity, and write the ones that pass as the next version."""
-    if task not in SUPPORTED_TASKS:
-        raise ExportError(f"task {task!r} is not exportable yet (supported: {', '.join(SUPPORTED_TASKS)})")
-    unknown = [v for v in variants if v not in SUPPORTED_VARIANTS]
+    spec = SPECS.get(task)
+    if spec is None:
+        raise ExportError(f"unknown task {task!r}; choose from {', '.join(SPECS)}")
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
     if unknown:
-        raise ExportError(f"unknown variant(s) {unknown}; choose from {', '.join(SUPPORTED_VARIANTS)}")
+        raise ExportError(f"unknown variant(s) {unknown}; choose from {', '.join(ALL_VARIANTS)}")
     if "fp32" not in variants:
         raise ExportError(
             "the fp32 variant is required: it is the reference every other variant is checked with"
         )
+    if eval_data is not None and not eval_data.is_file():
+        raise ExportError(f"{eval_data}: no such eval file")
 
     progress(f"loading the PyTorch reference from {model_dir}")
-    model, tokenizer = _load_reference(model_dir, task)
+    model, tokenizer = load_reference(model_dir, spec)
     max_length = max_sequence_length(tokenizer, model.config)
-    output = PARITY_OUTPUT[task]
-    reference = _torch_reference(model, output)
-    batches = generated_batches(
-        vocab_size=model.config.vocab_size,
-        special_ids=tokenizer.all_special_ids,
-        max_length=max_length,
-        cls_id=tokenizer.cls_token_id,
-        sep_id=tokenizer.sep_token_id,
-        pad_id=tokenizer.pad_token_id or 0,
-        seed=seed,
-        with_token_types="token_type_ids" in tokenizer.model_input_names,
-    )
+    progress("running PyTorch over the parity inputs")
+    parity = _prepare_parity(spec, model, tokenizer, max_length, eval_data, seed)
 
     result = ExportResult(version_dir=None)
     with tempfile.TemporaryDirectory(prefix="distilserve-export-") as tmp:
         work = Path(tmp)
+        export_dir = work / "onnx"
         started = time.perf_counter()
         progress("exporting to ONNX with optimum")
-        fp32 = export_onnx(model_dir, task, work / "onnx", opset)
-        exported = {"fp32": fp32}
-        build_seconds = {"fp32": time.perf_counter() - started}
-        if "int8" in variants:
+        fp32 = export_onnx(model_dir, task, export_dir, opset)
+        built = {"fp32": (fp32, time.perf_counter() - started)}
+        for variant in [v for v in ALL_VARIANTS if v in variants and v != "fp32"]:
             started = time.perf_counter()
-            progress("quantizing to int8 (dynamic)")
-            exported["int8"] = work / VARIANT_FILES["int8"]
-            _quantize_int8(fp32, exported["int8"])
-            build_seconds["int8"] = time.perf_counter() - started
-        for variant, path in exported.items():
-            progress(f"parity check: {variant} vs PyTorch")
-            report = compare(reference, path, batches, output)
-            result.variants.append(
-                VariantResult(
-                    variant,
-                    path,
-                    report,
-                    BOUNDS[variant].failures(report),
-                    build_seconds[variant],
-                    path.stat().st_size,
+            progress(f"building the {variant} variant")
+            try:
+                path = build_variant(variant, export_dir, fp32, work)
+            except Exception as e:  # a variant that cannot be built is reported, never silently dropped
+                problem = (
+                    f"could not be built: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
                 )
+                empty = ParityReport(max_abs_diff=float("inf"), top1_agreement=0.0, rows=0)
+                result.variants.append(
+                    VariantResult(variant, work / VARIANT_FILES[variant], empty, [problem], 0.0, 0)
+                )
+                continue
+            built[variant] = (path, time.perf_counter() - started)
+        for variant, (path, seconds) in built.items():
+            progress(f"parity check: {variant} vs PyTorch")
+            report, problems = parity.judge(variant, path)
+            result.variants.append(
+                VariantResult(variant, path, report, problems, seconds, path.stat().st_size)
             )
         passed = {r.variant: r for r in result.variants if r.passed}
         if "fp32" not in passed:
             return result  # nothing is written when the reference variant itself fails
 
-        inputs, outputs, opset_used = describe_graph(fp32)
-        tokenizer_file = work / "onnx" / "tokenizer.json"
+        tokenizer_file = export_dir / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise ExportError(f"{model_dir} has no fast tokenizer (tokenizer.json); the service needs one")
         files = {VARIANT_FILES[v]: r.path for v, r in passed.items()} | {"tokenizer.json": tokenizer_file}
-        variant_specs = {
-            v: VariantSpec(
-                file=VARIANT_FILES[v],
-                precision=v,  # type: ignore[arg-type]
-                device=VARIANT_DEVICE[v],  # type: ignore[arg-type]
-                size_bytes=r.size_bytes,
-                sha256=sha256_of(r.path),
-                parity=r.parity.as_dict(),
-            )
-            for v, r in passed.items()
-        }
-        special = SpecialTokens(
-            pad=tokenizer.pad_token_id,
-            cls=tokenizer.cls_token_id,
-            sep=tokenizer.sep_token_id,
-            mask=tokenizer.mask_token_id,
-            unk=tokenizer.unk_token_id,
-            bos=tokenizer.bos_token_id,
-            eos=tokenizer.eos_token_id,
+        manifest_for = _manifest_builder(
+            name, spec, model, tokenizer, max_length, passed, fp32, tokenizer_file, parity.layout, model_dir
         )
-        id2label = getattr(model.config, "id2label", {}) or {}
-
-        def manifest_for(version: int) -> Manifest:
-            return Manifest(
-                name=name,
-                version=version,
-                task=task,
-                labels={int(k): str(v) for k, v in id2label.items()} if task == "text-classification" else {},
-                max_sequence_length=max_length,
-                inputs=inputs,
-                outputs=outputs,
-                variants=variant_specs,
-                tokenizer=TokenizerSpec(
-                    sha256=sha256_of(tokenizer_file),
-                    max_length=max_length,
-                    pad_token_id=tokenizer.pad_token_id or 0,
-                    lowercase=getattr(tokenizer, "do_lower_case", None),
-                ),
-                special_tokens=special,
-                distillation=distillation_record(model_dir),
-                opset=opset_used,
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                git_revision=git_revision(),
-                source_model=str(model_dir),
-            )
-
         progress(f"writing {name} into {repository}")
         result.version_dir = write_version(repository, name, files, manifest_for)
     return result
+
+
+def _manifest_builder(
+    name: str,
+    spec: TaskSpec,
+    model: Any,
+    tokenizer: Any,
+    max_length: int,
+    passed: dict[str, VariantResult],
+    fp32: Path,
+    tokenizer_file: Path,
+    layout: GenerationLayout | None,
+    model_dir: Path,
+) -> Callable[[int], Manifest]:
+    inputs, outputs, opset_used = describe_graph(fp32)
+    variant_specs = {
+        v: VariantSpec(
+            file=VARIANT_FILES[v],
+            precision=VARIANT_PRECISION[v],  # type: ignore[arg-type]
+            device=VARIANT_DEVICE[v],  # type: ignore[arg-type]
+            optimized=v == "optimized",
+            size_bytes=r.size_bytes,
+            sha256=sha256_of(r.path),
+            parity=r.parity.as_dict(),
+        )
+        for v, r in passed.items()
+    }
+    special = SpecialTokens(
+        pad=tokenizer.pad_token_id,
+        cls=tokenizer.cls_token_id,
+        sep=tokenizer.sep_token_id,
+        mask=tokenizer.mask_token_id,
+        unk=tokenizer.unk_token_id,
+        bos=tokenizer.bos_token_id,
+        eos=tokenizer.eos_token_id,
+    )
+    id2label = getattr(model.config, "id2label", None) or {}
+    labels = {int(k): str(v) for k, v in id2label.items()} if spec.task == "text-classification" else {}
+    tokenizer_spec = TokenizerSpec(
+        sha256=sha256_of(tokenizer_file),
+        max_length=max_length,
+        pad_token_id=tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else (layout.pad_token_id if layout else 0) or 0,
+        lowercase=getattr(tokenizer, "do_lower_case", None),
+    )
+
+    def manifest_for(version: int) -> Manifest:
+        return Manifest(
+            name=name,
+            version=version,
+            task=spec.task,
+            labels=labels,
+            max_sequence_length=max_length,
+            inputs=inputs,
+            outputs=outputs,
+            variants=variant_specs,
+            tokenizer=tokenizer_spec,
+            special_tokens=special,
+            generation=layout,
+            distillation=distillation_record(model_dir),
+            opset=opset_used,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            git_revision=git_revision(),
+            source_model=str(model_dir),
+        )
+
+    return manifest_for

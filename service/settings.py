@@ -22,7 +22,7 @@ class Settings(BaseSettings):
         "auto", description="auto: CUDA when ONNX Runtime can use it, else CPU."
     )
     require_gpu: bool = Field(False, description="Fail start-up instead of falling back to CPU.")
-    variant: Literal["auto", "fp32", "fp16", "int8"] = Field(
+    variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
     )

@@ -17,10 +17,14 @@ def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def classification_repository(tmp_path_factory: pytest.TempPathFactory, demo_pair: tuple[Path, Path]) -> Path:
-    """A model repository holding the student as `sentiment` v1 (fp32 + int8), exported with optimum."""
+    """A model repository holding the student as `sentiment` v1 (every variant), exported with optimum."""
     from export.pipeline import export_model
+    from export.variants import ALL_VARIANTS
 
     repository = tmp_path_factory.mktemp("models")
-    result = export_model(demo_pair[1], "text-classification", "sentiment", repository, ("fp32", "int8"))
+    eval_data = demo_pair[1].parent.parent / "data" / "classification" / "eval.jsonl"
+    result = export_model(
+        demo_pair[1], "text-classification", "sentiment", repository, ALL_VARIANTS, eval_data=eval_data
+    )
     assert result.version_dir is not None, [r.problems for r in result.variants]
     return repository

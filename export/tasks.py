@@ -1,0 +1,158 @@
+"""What differs per task when exporting: model class, compared outputs, parity inputs, graph feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.parity import Feeds, Outputs, generated_batches
+from service.manifest import GenerationLayout, Task
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    task: Task
+    optimum_task: str
+    auto_class: str  # the transformers Auto class of the PyTorch reference
+    outputs: tuple[str, ...]  # graph outputs the parity gate compares
+    per_position: bool  # outputs have a sequence axis (padding must be ignored)
+
+
+SPECS: dict[str, TaskSpec] = {
+    "text-classification": TaskSpec(
+        "text-classification", "text-classification", "AutoModelForSequenceClassification", ("logits",), False
+    ),
+    "question-answering": TaskSpec(
+        "question-answering",
+        "question-answering",
+        "AutoModelForQuestionAnswering",
+        ("start_logits", "end_logits"),
+        True,
+    ),
+    "fill-mask": TaskSpec("fill-mask", "fill-mask", "AutoModelForMaskedLM", ("logits",), True),
+    "text-generation": TaskSpec(
+        "text-generation", "text-generation-with-past", "AutoModelForCausalLM", ("logits",), True
+    ),
+}
+
+
+def load_reference(model_dir: Path, spec: TaskSpec) -> tuple[Any, Any]:
+    """The PyTorch model and HF tokenizer the ONNX graph must reproduce."""
+    import transformers
+
+    model = getattr(transformers, spec.auto_class).from_pretrained(model_dir).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return model, tokenizer
+
+
+def position_ids(attention_mask: np.ndarray, past_length: int = 0) -> np.ndarray:
+    """GPT-2 positions of right-padded rows: 0, 1, ... over the real tokens (padding clamps to 0)."""
+    return np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None).astype(np.int64) + past_length
+
+
+def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds) -> Outputs:
+    import torch
+
+    inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    if spec.task == "text-generation":
+        inputs["position_ids"] = torch.from_numpy(position_ids(feeds["attention_mask"]))
+        inputs.pop("token_type_ids", None)
+    with torch.no_grad():
+        out = model(**inputs)
+    return {name: getattr(out, name).float().numpy() for name in spec.outputs}
+
+
+def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
+    """KV-cache layout of an optimum text-generation-with-past export (one merged graph)."""
+    heads = int(getattr(config, "n_head", None) or config.num_attention_heads)
+    hidden = int(getattr(config, "n_embd", None) or config.hidden_size)
+    layers = int(getattr(config, "n_layer", None) or config.num_hidden_layers)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    return GenerationLayout(
+        num_layers=layers, num_heads=heads, head_dim=hidden // heads, eos_token_id=eos, pad_token_id=pad
+    )
+
+
+def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayout | None) -> Feeds:
+    """The graph's own feeds: task inputs it declares, plus an empty KV cache for a decoder's first step."""
+    out = {k: v for k, v in feeds.items() if k in input_names}
+    if layout is not None:
+        batch = feeds["input_ids"].shape[0]
+        empty = np.zeros((batch, layout.num_heads, 0, layout.head_dim), dtype=np.float32)
+        for layer in range(layout.num_layers):
+            out[layout.past_key_name.format(layer=layer)] = empty
+            out[layout.past_value_name.format(layer=layer)] = empty
+        out["position_ids"] = position_ids(feeds["attention_mask"])
+    return out
+
+
+def generated_inputs(spec: TaskSpec, tokenizer: Any, config: Any, max_length: int, seed: int) -> list[Feeds]:
+    """Random token batches of varied lengths and sizes (for a decoder: no [CLS]/[SEP] framing)."""
+    decoder = spec.task == "text-generation"
+    return generated_batches(
+        vocab_size=int(config.vocab_size),
+        special_ids=tokenizer.all_special_ids,
+        max_length=max_length,
+        cls_id=None if decoder else tokenizer.cls_token_id,
+        sep_id=None if decoder else tokenizer.sep_token_id,
+        pad_id=_pad_id(tokenizer),
+        seed=seed,
+        with_token_types="token_type_ids" in tokenizer.model_input_names,
+    )
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def eval_texts(spec: TaskSpec, path: Path, limit: int) -> list[str] | list[tuple[str, str]]:
+    """Inputs from the task's eval file (the formats of training.data), for agreement on real text."""
+    from training.data import loaders
+
+    if spec.task == "text-classification":
+        return [e.text for e in loaders.load_classification(path).examples[:limit]]
+    if spec.task == "question-answering":
+        return [(e.question, e.context) for e in loaders.load_squad(path)[:limit]]
+    return loaders.load_text(path)[:limit]
+
+
+def eval_inputs(
+    spec: TaskSpec, tokenizer: Any, path: Path, max_length: int, limit: int = 256, batch_size: int = 16
+) -> list[Feeds]:
+    """Tokenized eval batches; fill-mask text gets 15 % of its tokens masked, as a client would send it."""
+    texts = eval_texts(spec, path, limit)
+    rng = np.random.default_rng(0)
+    batches: list[Feeds] = []
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start : start + batch_size]
+        if spec.task == "question-answering":
+            questions, contexts = zip(*chunk, strict=True)
+            encoded = tokenizer(
+                list(questions), list(contexts), truncation="only_second", max_length=max_length, padding=True
+            )
+        else:
+            special = spec.task != "text-generation"
+            encoded = tokenizer(
+                list(chunk), truncation=True, max_length=max_length, padding=True, add_special_tokens=special
+            )
+        feeds = {
+            k: np.asarray(v, dtype=np.int64) for k, v in encoded.items() if k in tokenizer.model_input_names
+        }
+        if spec.task == "fill-mask":
+            _mask_tokens(feeds, tokenizer, rng)
+        batches.append(feeds)
+    return batches
+
+
+def _mask_tokens(feeds: Feeds, tokenizer: Any, rng: np.random.Generator) -> None:
+    ids = feeds["input_ids"]
+    ordinary = feeds["attention_mask"].astype(bool) & ~np.isin(ids, tokenizer.all_special_ids)
+    ids[ordinary & (rng.random(ids.shape) < 0.15)] = tokenizer.mask_token_id

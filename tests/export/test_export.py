@@ -1,0 +1,148 @@
+"""Every task exports, passes its parity gate and lands as a new version; failing variants are skipped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from export import parity
+from export.greedy import greedy_onnx, greedy_torch
+from export.pipeline import ExportError, export_model
+from export.tasks import generation_layout
+from service.repository import read_version, scan_repository
+
+TASKS = ("text-classification", "question-answering", "fill-mask", "text-generation")
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    repository = tmp_path_factory.mktemp("repo")
+    out = {}
+    for task in TASKS:
+        result = export_model(tiny_models[task], task, task.split("-")[0], repository, ("fp32",))  # type: ignore[arg-type]
+        assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
+        out[task] = result.version_dir
+    return out
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_exports_within_fp32_parity(exported: dict[str, Path], task: str) -> None:
+    version = read_version(exported[task])
+    m = version.manifest
+    assert m.task == task
+    fp32 = m.variants["fp32"]
+    assert fp32.parity["max_abs_diff"] <= 1e-4 and fp32.parity["top1_agreement"] >= 0.999
+    outputs = {o.name for o in m.outputs}
+    if task == "question-answering":
+        assert {"start_logits", "end_logits"} <= outputs
+    else:
+        assert "logits" in outputs
+    if task == "text-generation":
+        assert m.generation is not None and m.generation.num_layers == 2 and m.generation.head_dim == 16
+        assert fp32.parity["greedy_match"] == 1.0
+        assert "past_key_values.0.key" in m.input_names() and "present.1.value" in outputs
+    if task == "fill-mask":
+        assert m.special_tokens.mask is not None
+
+
+def test_onnx_greedy_loop_matches_pytorch_generate(
+    tiny_models: dict[str, Path], exported: dict[str, Path]
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["text-generation"])
+    layout = generation_layout(model.config, tokenizer)
+    session = ort.InferenceSession(
+        str(exported["text-generation"] / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    for text in ("I loved this", "Acme was founded by", "Who"):
+        prompt = tokenizer(text)["input_ids"]
+        expected = greedy_torch(model, prompt, 20, layout.eos_token_id)
+        assert greedy_onnx(session, layout, prompt, 20) == expected
+        assert len(expected) >= 1
+
+
+def test_a_second_export_is_version_2_and_leaves_version_1_untouched(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    model_dir = tiny_models["text-classification"]
+    first = export_model(model_dir, "text-classification", "sentiment", tmp_path, ("fp32",)).version_dir
+    assert first is not None and first.name == "1"
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in first.iterdir()}
+    second = export_model(model_dir, "text-classification", "sentiment", tmp_path, ("fp32",)).version_dir
+    assert second is not None and second.name == "2"
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in first.iterdir()} == before
+    assert [v.version for v in scan_repository(tmp_path).versions] == [1, 2]
+    assert not [p for p in (tmp_path / "sentiment").iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_a_variant_that_fails_its_gate_is_reported_and_not_written(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(parity.BOUNDS, "int8", parity.ParityBounds(max_abs_diff=0.0, min_top1_agreement=1.0))
+    result = export_model(
+        tiny_models["text-classification"], "text-classification", "s", tmp_path, ("fp32", "int8")
+    )
+    int8 = next(r for r in result.variants if r.variant == "int8")
+    assert not int8.passed and "max |diff|" in int8.problems[0]
+    assert result.version_dir is not None
+    manifest = json.loads((result.version_dir / "manifest.json").read_text())
+    assert set(manifest["variants"]) == {"fp32"}
+    assert not (result.version_dir / "model.int8.onnx").exists()
+
+
+def test_nothing_is_written_when_fp32_fails(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(parity.BOUNDS, "fp32", parity.ParityBounds(max_abs_diff=-1.0, min_top1_agreement=1.0))
+    result = export_model(tiny_models["fill-mask"], "fill-mask", "m", tmp_path, ("fp32",))
+    assert result.version_dir is None
+    assert not (tmp_path / "m").exists()
+
+
+def test_bad_requests_fail_before_any_work(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="fp32 variant is required"):
+        export_model(tiny_models["fill-mask"], "fill-mask", "m", tmp_path, ("int8",))
+    with pytest.raises(ExportError, match="unknown variant"):
+        export_model(tiny_models["fill-mask"], "fill-mask", "m", tmp_path, ("fp32", "fp8"))
+    with pytest.raises(ExportError, match="no such eval file"):
+        export_model(
+            tiny_models["fill-mask"], "fill-mask", "m", tmp_path, ("fp32",), eval_data=tmp_path / "x"
+        )
+
+
+def test_optimized_and_fp16_variants_keep_the_answers(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    result = export_model(
+        tiny_models["question-answering"], "question-answering", "qa", tmp_path, ("fp32", "optimized", "fp16")
+    )
+    assert result.version_dir is not None
+    manifest = read_version(result.version_dir).manifest
+    assert {"fp32", "optimized", "fp16"} <= set(manifest.variants)
+    assert manifest.variants["optimized"].optimized and manifest.variants["fp16"].precision == "fp16"
+    session = ort.InferenceSession(
+        str(result.version_dir / "model.fp16.onnx"), providers=["CPUExecutionProvider"]
+    )
+    feeds = {
+        "input_ids": np.array([[2, 10, 11, 3]]),
+        "attention_mask": np.ones((1, 4), dtype=np.int64),
+        "token_type_ids": np.zeros((1, 4), dtype=np.int64),
+    }
+    [start_logits] = session.run(["start_logits"], feeds)
+    assert start_logits.dtype == np.float32  # fp32 at the boundary: clients and the service never see fp16
+
+
+def test_int8_is_smaller_and_agrees_on_the_demo_eval_set(
+    classification_repository: Path, demo_pair: tuple[Path, Path]
+) -> None:
+    manifest = read_version(classification_repository / "sentiment" / "1").manifest
+    fp32, int8 = manifest.variants["fp32"], manifest.variants["int8"]
+    assert int8.size_bytes < fp32.size_bytes
+    assert int8.parity["top1_agreement"] >= 0.99
+    eval_file = demo_pair[1].parent.parent / "data" / "classification" / "eval.jsonl"
+    examples = len(eval_file.read_text().splitlines())
+    assert int8.parity["rows"] == min(examples, 256)  # agreement is measured on the eval texts themselves
