@@ -1,24 +1,30 @@
-"""The distillation loss: a pure function of logits, labels and weights that returns its terms.
+"""The distillation losses: pure functions of logits, labels, hidden states, masks and weights.
 
-Works for any task whose model ends in logits over a last dimension: class logits [B, C], start/end logits
-[B, L], masked-token or next-token logits [B, L, V]. Positions whose label is `ignore_index` count in
-neither term, so padding and unmasked tokens never pull the student.
+`distillation_loss` works for any task whose model ends in logits over a last dimension: class logits
+[B, C], start/end logits [B, L], masked-token or next-token logits [B, L, V]. Positions whose label is
+`ignore_index` count in neither term, so padding and unmasked tokens never pull the student.
+`hidden_alignment_loss` pulls the student's hidden states towards the teacher's, over real tokens only.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
 class LossTerms(NamedTuple):
-    """`total` is what backpropagates; `kd` and `hard` are kept apart so they can be logged."""
+    """`total` is what backpropagates; the terms are kept apart so they can be logged.
+
+    `hidden` is the (unweighted) hidden-state alignment term, None when the run does not align.
+    """
 
     total: torch.Tensor
     kd: torch.Tensor
     hard: torch.Tensor
+    hidden: torch.Tensor | None = None
 
 
 def distillation_loss(
@@ -69,3 +75,34 @@ def hard_loss(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int =
     flat = logits.reshape(-1, logits.size(-1)).float()
     hard = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum") / count
     return LossTerms(total=hard, kd=torch.zeros_like(hard), hard=hard)
+
+
+def hidden_alignment_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    kind: Literal["cosine", "mse"],
+    projection: nn.Module | None = None,
+) -> torch.Tensor:
+    """Distance between student and teacher hidden states, averaged over real tokens (mask 1).
+
+    Hidden states are [..., B, L, H] (leading dims: aligned layer pairs, averaged too), the mask is [B, L].
+    `projection` (e.g. a trained nn.Linear) maps a narrower student to the teacher's width first.
+    cosine: 1 - cos(student, teacher) per token, so direction matters and scale does not (DistilBERT);
+    mse: mean over features of the squared difference per token (TinyBERT), which also matches scale.
+    """
+    student = student_hidden.float() if projection is None else projection(student_hidden).float()
+    teacher = teacher_hidden.detach().float()
+    if student.shape != teacher.shape:
+        raise ValueError(
+            f"student hidden {tuple(student.shape)} != teacher {tuple(teacher.shape)}"
+            + ("" if projection is not None else ": pass a projection when the widths differ")
+        )
+    if kind == "cosine":
+        per_token = 1.0 - F.cosine_similarity(student, teacher, dim=-1)
+    elif kind == "mse":
+        per_token = (student - teacher).pow(2).mean(-1)
+    else:
+        raise ValueError(f"hidden loss must be 'cosine' or 'mse', got {kind!r}")
+    weights = attention_mask.to(per_token.dtype).expand_as(per_token)
+    return (per_token * weights).sum() / weights.sum().clamp(min=1)

@@ -1,19 +1,32 @@
 """Teachers (a preset trained from scratch, a local HF directory or a hub id) and students cut from them.
 
 A student keeps the teacher's width where it can and then starts from the teacher's own weights
-(DistilBERT): embeddings, a chosen subset of the transformer layers, pooler and task head. A narrower
+(DistilBERT): embeddings, a chosen subset of the transformer layers, pooler and task head (for BERT's MLM
+head and GPT-2's LM head that includes the output projection tied to the word embeddings). A narrower
 student has no shapes to copy and starts from its config.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch.nn as nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    GPT2Config,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
-# Small BERT shapes for teachers trained from scratch (there is no hub on the build machines).
+# Small shapes for teachers trained from scratch (there is no hub on the build machines). A preset is named
+# <family>-<size>; the family picks the config class and the tokenizer a from-scratch run trains.
 PRESETS: dict[str, dict[str, int]] = {
     # ~4M parameters: learns the demo data in well under a minute on 2 CPU cores.
     "bert-demo": {
@@ -31,13 +44,42 @@ PRESETS: dict[str, dict[str, int]] = {
         "intermediate_size": 128,
         "max_position_embeddings": 64,
     },
+    # GPT-2 shapes (its own field names); the feed-forward is 4 x n_embd.
+    "gpt2-demo": {"n_layer": 4, "n_embd": 256, "n_head": 4, "n_positions": 128},
+    "gpt2-tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 64},
+}
+FAMILY_CONFIGS: dict[str, type[PretrainedConfig]] = {"bert": BertConfig, "gpt2": GPT2Config}
+
+# The HF auto class each task's models load with.
+TASK_MODEL_CLASSES: dict[str, type[_BaseAutoModelClass]] = {
+    "text-classification": AutoModelForSequenceClassification,
+    "question-answering": AutoModelForQuestionAnswering,
+    "fill-mask": AutoModelForMaskedLM,
+    "text-generation": AutoModelForCausalLM,
 }
 
-# One auto class per task; QA, fill-mask and generation add their own entry here.
-TASK_MODEL_CLASSES = {"text-classification": AutoModelForSequenceClassification}
+
+def preset_family(name: str) -> str:
+    """"bert" or "gpt2" for a preset name."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+    return name.split("-", 1)[0]
 
 
-def _model_class(task: str) -> type[AutoModelForSequenceClassification]:
+def preset_config(
+    name: str,
+    vocab_size: int,
+    token_ids: Mapping[str, int] | None = None,
+    label_names: Sequence[str] = (),
+) -> PretrainedConfig:
+    """The preset's config for a vocabulary of `vocab_size` with the tokenizer's special token ids."""
+    config_class = FAMILY_CONFIGS[preset_family(name)]
+    ids = dict(token_ids) if token_ids is not None else {"pad_token_id": 0}
+    labels = _labels(label_names) if label_names else {}
+    return config_class(vocab_size=vocab_size, **PRESETS[name], **ids, **labels)
+
+
+def _model_class(task: str) -> type[_BaseAutoModelClass]:
     if task not in TASK_MODEL_CLASSES:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASK_MODEL_CLASSES)}")
     return TASK_MODEL_CLASSES[task]
@@ -58,24 +100,26 @@ def _head_matches(config: object, label_names: Sequence[str]) -> bool:
 
 
 def load_teacher(
-    source: str, task: str, label_names: Sequence[str], tokenizer_vocab_size: int | None = None
+    source: str,
+    task: str,
+    label_names: Sequence[str] = (),
+    tokenizer_vocab_size: int | None = None,
+    token_ids: Mapping[str, int] | None = None,
 ) -> PreTrainedModel:
     """A teacher from a preset name (fresh weights), a local HF directory or a hub id.
 
-    A checkpoint whose head already predicts these labels is kept as it is (its label ids may be in
-    another order: callers map label names through `model.config.label2id`). Otherwise a new head with
-    our labels replaces it.
+    `label_names` are for tasks with a label head (classification), empty for the others. A checkpoint
+    whose head already predicts these labels is kept as it is (its label ids may be in another order:
+    callers map label names through `model.config.label2id`). Otherwise a new head with our labels
+    replaces it. A preset needs the vocabulary size and special token ids of its freshly trained tokenizer.
     """
     model_class = _model_class(task)
     if source in PRESETS:
         if tokenizer_vocab_size is None:
             raise ValueError(f"preset {source!r} is trained from scratch: pass tokenizer_vocab_size")
-        config = BertConfig(
-            vocab_size=tokenizer_vocab_size, pad_token_id=0, **PRESETS[source], **_labels(label_names)
-        )
-        return model_class.from_config(config)
+        return model_class.from_config(preset_config(source, tokenizer_vocab_size, token_ids, label_names))
     config = AutoConfig.from_pretrained(source)
-    if _head_matches(config, label_names):
+    if not label_names or _head_matches(config, label_names):
         return model_class.from_pretrained(source)
     return model_class.from_pretrained(source, ignore_mismatched_sizes=True, **_labels(label_names))
 
@@ -137,8 +181,9 @@ def make_student(
             raise ValueError(
                 f"hidden_size {hidden_size} must be a multiple of the teacher's head size {head_dim}"
             )
-        if hasattr(config, "intermediate_size"):
-            config.intermediate_size = config.intermediate_size * hidden_size // config.hidden_size
+        for field in ("intermediate_size", "n_inner"):  # BERT's and GPT-2's (None there: 4 x width)
+            if getattr(config, field, None) is not None:
+                setattr(config, field, getattr(config, field) * hidden_size // config.hidden_size)
         config.num_attention_heads = hidden_size // head_dim
         config.hidden_size = hidden_size
         return model_class(config)

@@ -4,20 +4,30 @@ What differs between the two is only the `step` function (model, batch, teacher)
 module supplies; the loop itself just places things on devices (Accelerate: CPU, one or several GPUs, mixed
 precision), steps AdamW on a linear warmup/decay schedule with gradient accumulation, shows progress and
 evaluates at the end of each epoch.
+
+Optionally it also checkpoints and stops early. A checkpoint is a `step-N` directory: Accelerate's full
+training state (model, optimiser, schedule, grad scaler, every process's RNG states, the best weights so
+far) plus `trainer_state.json` (where the loop stands, its history, the early-stopping tally). Each epoch's
+shuffle is a function of (seed, epoch), so a resumed run skips the batches already done and ends with the
+weights the uninterrupted run would have reached.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -37,6 +47,9 @@ StepFn = Callable[[nn.Module, Batch, nn.Module | None], LossTerms]
 # The unwrapped model -> metrics, e.g. {"accuracy": 0.91}; called once at the end of every epoch.
 EvalFn = Callable[[nn.Module], dict[str, float]]
 
+STATE_FILE = "trainer_state.json"  # written last: a checkpoint directory without it is incomplete
+_CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -53,6 +66,41 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     cpu: bool = False  # stay on CPU even when a GPU is present
+    # Save the full training state under this directory at the end of every epoch.
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = None  # ... and every this many optimiser steps within an epoch
+    keep_checkpoints: int = 2  # the newest K checkpoints stay on disk
+    # True: continue from the newest checkpoint in checkpoint_dir, or start afresh when it has none.
+    # A path: continue from that step-N directory (or from the newest one in that directory).
+    resume: bool | str = False
+    # Stop after this many evaluations without a better metric; train() then returns the best weights.
+    early_stop_patience: int | None = None
+    metric_name: str | None = None  # which of evaluate()'s metrics decides; None: the first it returns
+    metric_mode: Literal["max", "min"] = "max"  # "min" for lower-is-better metrics (loss, perplexity)
+
+    def __post_init__(self) -> None:
+        """Reject settings the loop would otherwise trip over hours later."""
+        problems = [
+            f"{name} must be >= 1"
+            for name, value in [
+                ("epochs", self.epochs),
+                ("batch_size", self.batch_size),
+                ("grad_accum_steps", self.grad_accum_steps),
+                ("keep_checkpoints", self.keep_checkpoints),
+                ("max_steps", self.max_steps),
+                ("checkpoint_every_steps", self.checkpoint_every_steps),
+                ("early_stop_patience", self.early_stop_patience),
+            ]
+            if value is not None and value < 1
+        ]
+        if self.metric_mode not in ("max", "min"):
+            problems.append(f"metric_mode must be 'max' or 'min', not {self.metric_mode!r}")
+        if self.resume is True and self.checkpoint_dir is None:
+            problems.append("resume=True needs checkpoint_dir (or pass resume=<checkpoint path>)")
+        if self.checkpoint_every_steps is not None and self.checkpoint_dir is None:
+            problems.append("checkpoint_every_steps needs checkpoint_dir")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -60,11 +108,104 @@ class TrainConfig:
 
 @dataclass
 class History:
-    """Per optimiser step losses and per epoch summaries (with the eval metrics)."""
+    """Per optimiser step losses and per epoch summaries (with the eval metrics).
+
+    Step losses are means over the step's micro-batches and over processes; every process holds the same
+    history (eval metrics are computed on the main process and shared).
+    """
 
     steps: list[dict[str, float]] = field(default_factory=list)
     epochs: list[dict[str, float]] = field(default_factory=list)
     is_main_process: bool = True
+    best_epoch: int | None = None  # early stopping: the epoch whose weights train() returned
+    stopped_early: bool = False  # early stopping ended the run before its epochs or max_steps
+
+    def final(self) -> dict[str, float]:
+        """The epoch record that describes the returned weights: the best epoch's under early stopping."""
+        if self.best_epoch is not None:
+            return next(r for r in self.epochs if r["epoch"] == self.best_epoch)
+        return self.epochs[-1] if self.epochs else {}
+
+
+@dataclass
+class _EarlyStopping:
+    """Counts the evaluations since the metric last improved; patience None never stops."""
+
+    patience: int | None
+    mode: Literal["max", "min"]
+    best: float | None = None
+    best_epoch: int | None = None
+    bad_epochs: int = 0
+
+    def update(self, value: float, epoch: int) -> bool:
+        """Record one epoch's metric; True when it is strictly the best so far (a tie keeps the earlier)."""
+        better = not math.isnan(value) and (
+            self.best is None or (value > self.best if self.mode == "max" else value < self.best)
+        )
+        if better:
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
+        else:
+            self.bad_epochs += 1
+        return better
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.bad_epochs >= self.patience
+
+
+class _BestWeights:
+    """A CPU copy of the best epoch's weights, registered for checkpointing so a resumed run still has it."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def keep(self, model: nn.Module) -> None:
+        self.weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.weights
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.weights = dict(state)
+
+
+@dataclass
+class _LoopState:
+    """Where the loop stands: besides the tensors Accelerate saves, what a checkpoint needs to continue."""
+
+    history: History
+    stopper: _EarlyStopping
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimiser steps taken
+    batches: int = 0  # micro-batches done in the epoch under way
+    epoch_loss: float = 0.0  # sum of the epoch's step losses so far
+    epoch_steps: int = 0
+    examples: int = 0  # examples the epoch has seen so far, all processes together
+    seconds: float = 0.0  # the epoch's time before this process took over (after a resume)
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        return self.seconds + time.perf_counter() - self.started
+
+    def record_step(self, losses: list[float], lr: float) -> None:
+        total, kd, hard = losses
+        self.step += 1
+        self.epoch_loss, self.epoch_steps = self.epoch_loss + total, self.epoch_steps + 1
+        self.history.steps.append({"step": self.step, "loss": total, "kd": kd, "hard": hard, "lr": lr})
+
+    def to_json(self) -> dict[str, Any]:
+        saved = {k: v for k, v in asdict(self).items() if k not in ("history", "stopper", "started")}
+        history = {"steps": self.history.steps, "epochs": self.history.epochs}
+        stopper = {k: v for k, v in asdict(self.stopper).items() if k not in ("patience", "mode")}
+        return {**saved, "seconds": self.elapsed(), "history": history, "early_stopping": stopper}
+
+    def load_json(self, saved: dict[str, Any]) -> None:
+        for name in ("epoch", "step", "batches", "epoch_loss", "epoch_steps", "examples", "seconds"):
+            setattr(self, name, saved[name])
+        self.history.steps, self.history.epochs = saved["history"]["steps"], saved["history"]["epochs"]
+        for name, value in saved["early_stopping"].items():
+            setattr(self.stopper, name, value)
+        self.started = time.perf_counter()
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
@@ -89,6 +230,120 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+def checkpoints(checkpoint_dir: str | Path) -> list[Path]:
+    """The complete checkpoints in a directory, oldest first."""
+    found = [
+        (int(match.group(1)), path)
+        for path in Path(checkpoint_dir).glob("step-*")
+        if (match := _CHECKPOINT_NAME.fullmatch(path.name)) and (path / STATE_FILE).is_file()
+    ]
+    return [path for _, path in sorted(found)]
+
+
+def _resume_from(cfg: TrainConfig) -> Path | None:
+    """The checkpoint to continue from, or None to start afresh; never mixes two runs' checkpoints."""
+    if cfg.resume is False:
+        if cfg.checkpoint_dir is not None and checkpoints(cfg.checkpoint_dir):
+            raise ValueError(
+                f"{cfg.checkpoint_dir} already holds checkpoints: resume from them or use another directory"
+            )
+        return None
+    path = Path(cfg.resume if isinstance(cfg.resume, str) else str(cfg.checkpoint_dir))
+    if (path / STATE_FILE).is_file():
+        return path
+    found = checkpoints(path) if path.is_dir() else []
+    if found:
+        return found[-1]
+    if cfg.resume is True:  # nothing saved yet, e.g. a preempted job that restarts with the same flags
+        return None
+    raise ValueError(f"{path}: no checkpoint to resume from")
+
+
+class _Checkpoints:
+    """Saves the training state under cfg.checkpoint_dir (a no-op without one) and restores it."""
+
+    def __init__(self, accelerator: Accelerator, cfg: TrainConfig, batches_per_epoch: int) -> None:
+        self.accelerator, self.cfg = accelerator, cfg
+        self.root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else None
+        # What must not change between a checkpoint and its resume for "skip the batches done" to hold.
+        self.shape = {
+            "batches_per_epoch": batches_per_epoch,
+            "grad_accum_steps": cfg.grad_accum_steps,
+            "num_processes": accelerator.num_processes,
+        }
+
+    def due(self, step: int) -> bool:
+        """A mid-epoch save after this optimiser step (the epoch's last step is saved by the epoch's end)."""
+        every = self.cfg.checkpoint_every_steps
+        end_of_epoch = self.accelerator.gradient_state.end_of_dataloader
+        return self.root is not None and every is not None and step % every == 0 and not end_of_epoch
+
+    def restore(self, path: Path, state: _LoopState) -> None:
+        saved = json.loads((path / STATE_FILE).read_text())
+        changed = {
+            k: f"{saved['shape'].get(k)} -> {v}" for k, v in self.shape.items() if saved["shape"].get(k) != v
+        }
+        if changed:
+            raise ValueError(f"cannot resume from {path}: {changed}; keep the data, batching and processes")
+        self.accelerator.load_state(str(path))
+        state.load_json(saved)
+
+    def save(self, state: _LoopState) -> None:
+        """Save into a temporary directory renamed once complete, then delete all but the newest K."""
+        if self.root is None:
+            return
+        accelerator = self.accelerator
+        final, partial = self.root / f"step-{state.step:08d}", self.root / f".step-{state.step:08d}.partial"
+        if accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier save
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial))  # every process writes its RNG states, the main one the rest
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            saved = {**state.to_json(), "shape": self.shape, "config": self.cfg.to_dict()}
+            (partial / STATE_FILE).write_text(json.dumps(saved, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            for old in checkpoints(self.root)[: -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old)
+        accelerator.wait_for_everyone()
+
+
+def _end_epoch(
+    accelerator: Accelerator,
+    model: nn.Module,
+    cfg: TrainConfig,
+    state: _LoopState,
+    evaluate: EvalFn | None,
+    best: _BestWeights,
+) -> dict[str, float]:
+    """Record the epoch with its metrics (evaluated on the main process, shared with all so that every
+    process takes the same early-stopping decision) and keep the weights when they are the best so far."""
+    seconds = state.elapsed()
+    record: dict[str, float] = {
+        "epoch": state.epoch + 1,
+        "step": state.step,
+        "train_loss": state.epoch_loss / max(state.epoch_steps, 1),
+        "examples": state.examples,
+        "examples_per_s": state.examples / seconds,
+        "seconds": seconds,
+    }
+    metrics = evaluate(accelerator.unwrap_model(model)) if evaluate and accelerator.is_main_process else {}
+    metrics = broadcast_object_list([metrics])[0]
+    record.update(metrics)
+    if cfg.early_stop_patience is not None:
+        name = cfg.metric_name or next(iter(metrics), "")
+        if name not in metrics:
+            raise ValueError(f"early stopping on {name!r}, but evaluate() returned {sorted(metrics)}")
+        if state.stopper.update(float(metrics[name]), state.epoch + 1):
+            best.keep(accelerator.unwrap_model(model))
+    state.history.epochs.append(record)
+    state.epoch += 1
+    state.batches = state.epoch_steps = state.examples = 0
+    state.epoch_loss = state.seconds = 0.0
+    return record
+
+
 def train(
     model: nn.Module,
     loader: DataLoader,
@@ -99,14 +354,27 @@ def train(
     evaluate: EvalFn | None = None,
     description: str = "train",
 ) -> History:
-    """Train `model` in place and return its history. The teacher, if any, stays frozen in eval mode."""
+    """Train `model` in place and return its history. The teacher, if any, stays frozen in eval mode.
+
+    With early stopping the model ends with the best epoch's weights (History.best_epoch), whether the
+    patience ran out or the epochs did.
+    """
+    if cfg.early_stop_patience is not None and evaluate is None:
+        raise ValueError("early_stop_patience needs an evaluate callback")
+    resume_from = _resume_from(cfg)
     set_seed(cfg.seed)
     # AdamW moments of rarely-seen embedding rows decay into denormal floats, which x86 CPUs process up
     # to ~10x slower; flushing them to zero changes nothing that matters and keeps CPU steps steady.
     torch.set_flush_denormal(True)
     accelerator = Accelerator(
-        mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum_steps, cpu=cfg.cpu
+        mixed_precision=cfg.mixed_precision,
+        gradient_accumulation_steps=cfg.grad_accum_steps,
+        cpu=cfg.cpu,
+        # Shuffle by (seed, epoch): the same order on every process, and again after a resume.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
     )
+    if cfg.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise ValueError("fp16 needs a GPU (on CPU Accelerate would silently train in fp32); use bf16")
     if teacher is not None:
         teacher.requires_grad_(False)
         teacher.eval().to(accelerator.device)
@@ -117,60 +385,65 @@ def train(
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
+    # Not prepared: Accelerate would step it once per process; here it steps once per optimiser step.
     scheduler = get_linear_schedule_with_warmup(optimizer, round(cfg.warmup_ratio * total_steps), total_steps)
+    best = _BestWeights()
+    accelerator.register_for_checkpointing(scheduler, best)
 
     history = History(is_main_process=accelerator.is_main_process)
-    optimizer_steps = 0
+    state = _LoopState(history, _EarlyStopping(cfg.early_stop_patience, cfg.metric_mode))
+    saver = _Checkpoints(accelerator, cfg, batches_per_epoch=len(loader))
+    if resume_from is not None:
+        saver.restore(resume_from, state)
     with _progress(accelerator.is_main_process) as progress:
-        bar = progress.add_task(description, total=total_steps, loss=float("nan"), speed=0.0)
-        for epoch in range(1, cfg.epochs + 1):
-            if optimizer_steps >= total_steps:
-                break
+        bar = progress.add_task(
+            description, total=total_steps, completed=state.step, loss=math.nan, speed=0.0
+        )
+        while state.epoch < cfg.epochs and state.step < total_steps and not state.stopper.should_stop:
             model.train()
-            started, examples, loss_sum, loss_count = time.perf_counter(), 0, 0.0, 0
-            for batch in loader:
-                with accelerator.accumulate(model), accelerator.autocast():
-                    terms = step(model, batch, teacher)
-                    accelerator.backward(terms.total)
+            loader.set_epoch(state.epoch)  # type: ignore[attr-defined]  # prepared: a DataLoaderShard
+            batches = accelerator.skip_first_batches(loader, state.batches) if state.batches else loader
+            state.started = time.perf_counter()
+            micro_losses, micro_batches = torch.zeros(3, device=accelerator.device), 0
+            for batch in batches:
+                with accelerator.accumulate(model):
+                    with accelerator.autocast():
+                        terms = step(model, batch, teacher)
+                    accelerator.backward(terms.total)  # scaled by 1/grad_accum_steps
                     if accelerator.sync_gradients and cfg.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                     optimizer.step()  # a no-op until the last micro-batch of an accumulation
                     optimizer.zero_grad(set_to_none=True)
-                examples += next(iter(batch.values())).size(0) * accelerator.num_processes
-                loss_sum, loss_count = loss_sum + terms.total.item(), loss_count + 1
+                micro_losses += torch.stack([terms.total, terms.kd, terms.hard]).detach().float()
+                micro_batches += 1
+                state.batches += 1
+                state.examples += next(iter(batch.values())).size(0) * accelerator.num_processes
                 if not accelerator.sync_gradients:
                     continue
-                scheduler.step()
-                optimizer_steps += 1
-                speed = examples / (time.perf_counter() - started)
-                history.steps.append(
-                    {
-                        "step": optimizer_steps,
-                        "loss": terms.total.item(),
-                        "kd": terms.kd.item(),
-                        "hard": terms.hard.item(),
-                        "lr": scheduler.get_last_lr()[0],
-                    }
-                )
-                progress.update(bar, advance=1, loss=loss_sum / loss_count, speed=speed)
-                if optimizer_steps >= total_steps:
+                if not optimizer.step_was_skipped:  # fp16 overflow: no update, so no schedule step
+                    scheduler.step()
+                losses = accelerator.reduce(micro_losses / micro_batches, "mean").tolist()
+                micro_losses, micro_batches = torch.zeros_like(micro_losses), 0
+                state.record_step(losses, scheduler.get_last_lr()[0])
+                mean_loss = state.epoch_loss / state.epoch_steps
+                progress.update(bar, advance=1, loss=mean_loss, speed=state.examples / state.elapsed())
+                if state.step >= total_steps:
                     break
+                if saver.due(state.step):
+                    saver.save(state)
 
-            seconds = time.perf_counter() - started
-            record = {
-                "epoch": epoch,
-                "step": optimizer_steps,
-                "train_loss": loss_sum / max(loss_count, 1),
-                "examples_per_s": examples / seconds,
-                "seconds": seconds,
-            }
-            if evaluate is not None and accelerator.is_main_process:
-                record.update(evaluate(accelerator.unwrap_model(model)))
-            accelerator.wait_for_everyone()
-            history.epochs.append(record)
+            record = _end_epoch(accelerator, model, cfg, state, evaluate, best)
+            saver.save(state)
             if accelerator.is_main_process:
-                shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in ("step", "seconds"))
+                hidden = ("step", "seconds", "examples")
+                shown = "  ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in hidden)
                 progress.console.print(f"{description}: {shown}")
 
+    if cfg.early_stop_patience is not None and best.weights:
+        accelerator.unwrap_model(model).load_state_dict(best.weights)
+        history.best_epoch = state.stopper.best_epoch
+        history.stopped_early = (
+            state.stopper.should_stop and state.epoch < cfg.epochs and state.step < total_steps
+        )
     accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # drop the autocast wrapper before saving
     return history

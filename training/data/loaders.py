@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from training.data.types import Answer, ClassificationData, ClassificationExample, QAExample
+from training.data.types import Answer, ClassificationData, ClassificationExample, QAExample, TextData
 
 T = TypeVar("T")
 
@@ -202,6 +202,14 @@ def load_text(path: Path | str, skip_headings: bool = True) -> list[str]:
             if stripped and not (skip_headings and is_heading(stripped)):
                 lines.append(stripped)
     return lines
+
+
+def load_text_data(path: Path | str, skip_headings: bool = True) -> TextData:
+    """`load_text` with its source kept, for runs that report where their data came from."""
+    lines = load_text(path, skip_headings)
+    if not lines:
+        raise ValueError(f"{path}: no text lines found")
+    return TextData(lines=lines, source=str(path))
 
 
 def is_heading(line: str) -> bool:

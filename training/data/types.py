@@ -33,3 +33,11 @@ class QAExample:
     question: str
     context: str
     answers: list[Answer] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TextData:
+    """Plain-text lines (language modelling), and where they came from."""
+
+    lines: list[str]
+    source: str
