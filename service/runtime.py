@@ -6,11 +6,13 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from service.batching import BatchPolicy, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine
+from service.generation.greedy import Generation, GreedyDecoder
 from service.manifest import Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion
@@ -43,17 +45,65 @@ def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) 
 
 
 class EncoderRunner:
-    """Runs a batch of encoded sequences through an encoder graph; returns one row of outputs per item."""
+    """Runs a batch of encoded sequences through an encoder graph; returns each item's own outputs.
 
-    def __init__(self, engine: Engine, pad_token_id: int) -> None:
+    Outputs with a sequence axis come back cut to the item's real length (padding never leaks out), or, with
+    `gather_token_id` (fill-mask), only at the positions holding that token: a vocabulary-wide row per token
+    of a long text would be copied for nothing.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        pad_token_id: int,
+        per_position: frozenset[str] = frozenset(),
+        gather_token_id: int | None = None,
+    ) -> None:
         self.engine = engine
         self.pad_token_id = pad_token_id
+        self.per_position = per_position
+        self.gather_token_id = gather_token_id
         self._wanted = set(engine.input_names)
 
     def __call__(self, rows: list[EncodedText]) -> list[dict[str, np.ndarray]]:
         feeds = {k: v for k, v in pad_batch(rows, self.pad_token_id).items() if k in self._wanted}
         outputs = self.engine.run(feeds)
-        return [{name: array[i] for name, array in outputs.items()} for i in range(len(rows))]
+        return [self._own(i, row, outputs) for i, row in enumerate(rows)]
+
+    def _own(self, i: int, row: EncodedText, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep: np.ndarray | slice = slice(0, len(row))
+        if self.gather_token_id is not None:
+            keep = np.flatnonzero(row.input_ids == self.gather_token_id)
+        return {
+            name: (array[i][keep] if name in self.per_position else array[i]).copy()
+            for name, array in outputs.items()
+        }
+
+
+def per_position_outputs(manifest: Manifest) -> frozenset[str]:
+    """Outputs whose second axis is the (symbolic) sequence axis."""
+    return frozenset(o.name for o in manifest.outputs if len(o.shape) >= 2 and isinstance(o.shape[1], str))
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """One prompt to continue; its batching cost is every position it may occupy."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+    def __len__(self) -> int:
+        return len(self.prompt) + self.max_new_tokens
+
+
+class SequentialGenerator:
+    """The batcher's runner for a decoder: the jobs of a batch are decoded one after another."""
+
+    def __init__(self, decoder: GreedyDecoder) -> None:
+        self.decoder = decoder
+
+    def __call__(self, jobs: list[GenerationJob]) -> list[Generation]:
+        return [self.decoder.generate(job.prompt, job.max_new_tokens) for job in jobs]
 
 
 @dataclass
@@ -62,8 +112,8 @@ class ServedModel:
     variant: str
     engine: Engine
     encoder: TextEncoder
-    runner: EncoderRunner
-    batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]]
+    runner: Callable[[list[Any]], list[Any]]
+    batcher: MicroBatcher[Any, Any]
     executor: ThreadPoolExecutor
 
     @property
@@ -76,6 +126,7 @@ class ServedModel:
 
     def describe(self) -> dict[str, object]:
         m = self.manifest
+        mask = m.special_tokens.mask
         return {
             "name": m.name,
             "version": m.version,
@@ -85,11 +136,17 @@ class ServedModel:
             "labels": [m.labels[i] for i in sorted(m.labels)],
             "max_sequence_length": m.max_sequence_length,
             "variants": sorted(m.variants),
+            "mask_token": self.encoder.id_to_token(mask)
+            if mask is not None and m.task == "fill-mask"
+            else None,
             "distillation": m.distillation.model_dump() if m.distillation else None,
         }
 
     def warm_up(self) -> None:
         """Run the engine over the shapes batches will take, so no real request pays a first-call cost."""
+        if self.manifest.task == "text-generation":
+            self.runner([GenerationJob(prompt=(0, 1, 2, 3), max_new_tokens=4)])
+            return
         policy = self.batcher.policy
         for length in sorted({8, 32, self.manifest.max_sequence_length}):
             for size in sorted({1, min(8, policy.max_batch_size), policy.max_batch_size}):
@@ -102,6 +159,14 @@ class ServedModel:
                     truncated=False,
                 )
                 self.runner([row] * size)
+
+
+def _runner(manifest: Manifest, engine: Engine) -> Callable[[list[Any]], list[Any]]:
+    if manifest.task == "text-generation":
+        assert manifest.generation is not None  # the manifest schema requires it for this task
+        return SequentialGenerator(GreedyDecoder(engine, manifest.generation, manifest.max_sequence_length))
+    gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
+    return EncoderRunner(engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather)
 
 
 def load_model(
@@ -117,7 +182,7 @@ def load_model(
         if gpu_variant != variant:
             variant, engine = gpu_variant, engine_factory(version, gpu_variant, settings)
     encoder = TextEncoder(version.file(manifest.tokenizer.file), manifest.tokenizer)
-    runner = EncoderRunner(engine, manifest.tokenizer.pad_token_id)
+    runner = _runner(manifest, engine)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{manifest.name}")
     policy = BatchPolicy(
         max_batch_size=settings.max_batch_size,
@@ -126,7 +191,7 @@ def load_model(
         max_queue=settings.max_queue,
     )
     name = manifest.name
-    batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] = MicroBatcher(
+    batcher: MicroBatcher[Any, Any] = MicroBatcher(
         runner,
         policy,
         cost=len,

@@ -20,6 +20,7 @@ class EncodedText:
     type_ids: np.ndarray
     offsets: list[tuple[int, int]]
     truncated: bool
+    sequence_ids: tuple[int | None, ...] = ()  # per token: 0 first text, 1 second text, None special
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -37,12 +38,27 @@ class TextEncoder:
         else:
             self._tokenizer.no_truncation()
         self.pad_token_id = spec.pad_token_id
+        self._windowed: dict[int, Tokenizer] = {}
 
     def encode(self, texts: Sequence[str]) -> list[EncodedText]:
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(texts))]
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[EncodedText]:
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(pairs))]
+
+    def encode_windows(self, question: str, context: str, stride: int) -> list[EncodedText]:
+        """Question + context, the context split into overlapping windows of `max_length` tokens."""
+        tokenizer = self._windowed.get(stride)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(self.max_length, stride=stride, strategy="only_second")
+            self._windowed[stride] = tokenizer
+        first = tokenizer.encode(question, context)
+        return [self._convert(e) for e in (first, *first.overflowing)]
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tokenizer.id_to_token(token_id)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
@@ -57,6 +73,7 @@ class TextEncoder:
             type_ids=np.asarray(e.type_ids, dtype=np.int64),
             offsets=list(e.offsets),
             truncated=bool(e.overflowing),
+            sequence_ids=tuple(e.sequence_ids),
         )
 
 

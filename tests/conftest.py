@@ -28,3 +28,33 @@ def classification_repository(tmp_path_factory: pytest.TempPathFactory, demo_pai
     )
     assert result.version_dir is not None, [r.problems for r in result.variants]
     return repository
+
+
+TASKS = ("text-classification", "question-answering", "fill-mask", "text-generation")
+TASK_MODEL_NAMES = {
+    "text-classification": "tiny-cls",
+    "question-answering": "tiny-qa",
+    "fill-mask": "tiny-mlm",
+    "text-generation": "tiny-lm",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An untrained tiny HF model directory per task (BERT heads and a GPT-2), seconds to build."""
+    from tests.tiny_models import build_tiny
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {task: build_tiny(task, root / task) for task in TASKS}
+
+
+@pytest.fixture(scope="session")
+def tiny_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
+    """A model repository with one fp32 model per task, named as in TASK_MODEL_NAMES."""
+    from export.pipeline import export_model
+
+    repository = tmp_path_factory.mktemp("tiny-repo")
+    for task, model_dir in tiny_models.items():
+        result = export_model(model_dir, task, TASK_MODEL_NAMES[task], repository, ("fp32",))  # type: ignore[arg-type]
+        assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
+    return repository

@@ -2,11 +2,11 @@
 
 from fastapi import APIRouter
 
-from service.api import classify, health, models
+from service.api import classify, fill_mask, generate, health, models, qa
 
 
 def build_router() -> APIRouter:
     router = APIRouter()
-    for module in (health, models, classify):
+    for module in (health, models, classify, qa, fill_mask, generate):
         router.include_router(module.router)
     return router

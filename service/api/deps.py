@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fastapi import Request
 
 from service.metrics import Metrics
+from service.processors.common import InvalidInputError
 from service.registry import ModelRegistry
 from service.runtime import ServedModel
 from service.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+class UnsupportedMediaTypeError(ValueError):
+    """The body is not declared as JSON (HTTP 415)."""
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """The three things every task route needs, and the request-size rules they share."""
+
+    settings: Settings
+    metrics: Metrics
+    registry: ModelRegistry
+
+    def check_batch(self, count: int) -> None:
+        if count > self.settings.max_client_batch:
+            raise InvalidInputError(
+                f"inputs: {count} items, at most {self.settings.max_client_batch} per request"
+            )
+
+    def texts(self, inputs: str | list[str]) -> list[str]:
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        self.check_batch(len(texts))
+        return texts
+
+
+def collaborators(request: Request) -> Collaborators:
+    state = request.app.state
+    return Collaborators(settings=state.settings, metrics=state.metrics, registry=state.registry)
 
 
 def get_metrics(request: Request) -> Metrics:
@@ -29,10 +56,6 @@ def label_request(request: Request, model: ServedModel) -> None:
     """Tell the metrics middleware which model and task this request was for."""
     request.state.model = model.name
     request.state.task = model.manifest.task
-
-
-class UnsupportedMediaTypeError(ValueError):
-    """The body is not declared as JSON (HTTP 415)."""
 
 
 async def require_json(request: Request) -> None:

@@ -12,13 +12,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.api.deps import UnsupportedMediaTypeError
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.engine import EngineError
+from service.processors.common import InvalidInputError
 from service.registry import ModelNotFoundError, WrongTaskError
 
 log = logging.getLogger(__name__)
-
-
-class InvalidInputError(ValueError):
-    """A request that is well-formed JSON but asks for something the service will not do (HTTP 422)."""
 
 
 STATUS: dict[type[Exception], tuple[int, str]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 def _texts(value: Any) -> str | list[str]:
@@ -47,6 +47,76 @@ class LabelScore(BaseModel):
     score: float
 
 
+class QAItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    question: str = Field(..., min_length=1, pattern=r"\S", description="The question.")
+    context: str = Field(..., min_length=1, pattern=r"\S", description="The text that holds the answer.")
+
+
+class QARequest(_Request):
+    """One question (`question` + `context`) or several (`inputs`: a list of them)."""
+
+    question: str | None = Field(None, min_length=1, pattern=r"\S", examples=["Who founded Acme?"])
+    context: str | None = Field(
+        None, min_length=1, pattern=r"\S", examples=["Acme was founded by Ada Smith in 1950 in Springfield."]
+    )
+    inputs: list[QAItem] | None = Field(None, min_length=1, description="Several question/context pairs.")
+    top_k: int = Field(1, ge=1, le=20, description="How many answers per question, best first.")
+    max_answer_length: int = Field(30, ge=1, le=512, description="Longest answer, in tokens.")
+    handle_impossible_answer: bool = Field(False, description="Allow an empty answer when none fits.")
+    doc_stride: int | None = Field(None, ge=1, description="Overlap between context windows, in tokens.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> QARequest:
+        single = self.question is not None or self.context is not None
+        if single and self.inputs is not None:
+            raise ValueError("give either question + context, or inputs, not both")
+        if not single and self.inputs is None:
+            raise ValueError("give question and context (or inputs: a list of them)")
+        if single and (self.question is None or self.context is None):
+            raise ValueError("question and context go together: give both")
+        return self
+
+    def pairs(self) -> list[tuple[str, str]]:
+        if self.inputs is not None:
+            return [(i.question, i.context) for i in self.inputs]
+        assert self.question is not None and self.context is not None
+        return [(self.question, self.context)]
+
+
+class QAAnswer(BaseModel):
+    answer: str
+    score: float
+    start: int = Field(description="Character offset of the answer in the context.")
+    end: int = Field(description="context[start:end] == answer.")
+
+
+class FillMaskRequest(_Request):
+    inputs: Texts = Field(
+        ..., description="Text(s) with exactly one mask token each.", examples=["I loved this [MASK]."]
+    )
+    top_k: int = Field(5, ge=1, le=100, description="How many candidate tokens, best first.")
+
+
+class FillMaskCandidate(BaseModel):
+    token: int
+    token_str: str
+    score: float
+    sequence: str
+
+
+class GenerateRequest(_Request):
+    prompt: str = Field(..., min_length=1, examples=["The film was"])
+    max_new_tokens: int = Field(32, ge=1, le=1024, description="Most tokens to generate.")
+
+
+class GenerateResponse(BaseModel):
+    generated_text: str
+    tokens: int = Field(description="Tokens generated (the eos token included when it ended the text).")
+    finish_reason: str = Field(description="length | eos | stop")
+
+
 class ModelCard(BaseModel):
     name: str
     version: int
@@ -55,6 +125,7 @@ class ModelCard(BaseModel):
     provider: str
     labels: list[str]
     max_sequence_length: int
+    mask_token: str | None
     variants: list[str]
     distillation: dict[str, Any] | None
 
@@ -66,3 +137,8 @@ class ModelList(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     error_type: str
+
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (404, 413, 415, 422, 429, 500, 503, 504)
+}

@@ -1,10 +1,8 @@
-"""Tiny untrained models of every exported family, built from configs in a second (no hub here)."""
+"""Tiny untrained models of every task family, built from configs in a second (no hub here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 CORPUS = [
     "I loved this film, it was wonderful.",
@@ -87,10 +85,3 @@ def build_tiny(task: str, out: Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
     return out
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    tasks = ("text-classification", "question-answering", "fill-mask", "text-generation")
-    return {task: build_tiny(task, root / task) for task in tasks}

@@ -1,0 +1,49 @@
+"""`POST /v1/qa`: question + context -> the answer span(s), as characters of the context."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Request
+
+from service.api.deps import Collaborators, collaborators, label_request, require_json
+from service.api.schemas import ERRORS, QAAnswer, QARequest
+from service.processors.qa import answer
+
+router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
+
+
+@router.post(
+    "/v1/qa",
+    response_model=QAAnswer | list[QAAnswer] | list[list[QAAnswer]],
+    responses=ERRORS,
+    summary="Extract answers: one pair -> an answer (a list with top_k > 1); `inputs` -> one per pair.",
+)
+async def qa(
+    body: QARequest, request: Request, c: Collaborators = Depends(collaborators)
+) -> QAAnswer | list[QAAnswer] | list[list[QAAnswer]]:
+    model = c.registry.resolve("question-answering", body.model, body.version)
+    label_request(request, model)
+    pairs = body.pairs()
+    c.check_batch(len(pairs))
+    results = await asyncio.gather(
+        *(
+            answer(
+                model,
+                question,
+                context,
+                top_k=body.top_k,
+                max_answer_length=body.max_answer_length,
+                handle_impossible_answer=body.handle_impossible_answer,
+                stride=body.doc_stride,
+                metrics=c.metrics,
+                timeout_s=c.settings.request_timeout_s,
+            )
+            for question, context in pairs
+        )
+    )
+    shaped = [[QAAnswer(**a) for a in r] for r in results]
+    if body.top_k == 1:
+        flat = [r[0] if r else QAAnswer(answer="", score=0.0, start=0, end=0) for r in shaped]
+        return flat[0] if body.inputs is None else flat
+    return shaped[0] if body.inputs is None else shaped

@@ -1,0 +1,1 @@
+"""Text generation on the exported decoder with its KV cache."""
