@@ -59,14 +59,14 @@ def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_fa
             for m in models:
                 await asyncio.to_thread(m.warm_up)
         for m in models:
-            m.batcher.start()
+            m.start()
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
         try:
             yield
         finally:
             app.state.ready = False
-            await asyncio.gather(*(m.batcher.close() for m in models))
+            await asyncio.gather(*(m.close() for m in models))
             for m in models:
                 m.executor.shutdown(wait=True)
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.batching import BatchStats
+from service.generation.engine import EngineHooks
+from service.generation.runner import StepResult
+from service.generation.scheduler import StepPlan
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -95,6 +98,61 @@ class Metrics:
             "Served models (value 1): name, version, task, variant, provider.",
             ["model", "version", "task", "variant", "provider"],
             registry=r,
+        )
+
+        self.generated_tokens = Counter(
+            "distilserve_generated_tokens", "Tokens generated.", ["model"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "distilserve_time_to_first_token_seconds",
+            "From arrival to the first generated token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "distilserve_inter_token_latency_seconds",
+            "Between two tokens of one sequence.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generation_step_duration = Histogram(
+            "distilserve_generation_step_duration_seconds",
+            "Engine time per step, by phase.",
+            ["model", "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.running_sequences = Gauge(
+            "distilserve_running_sequences",
+            "Sequences in the running generation batch.",
+            ["model"],
+            registry=r,
+        )
+        self.waiting_sequences = Gauge(
+            "distilserve_waiting_sequences", "Generation requests waiting to join.", ["model"], registry=r
+        )
+
+    def generation_hooks(self, model: str) -> EngineHooks:
+        """The generation engine's reports, turned into this model's metrics."""
+
+        def on_step(plan: StepPlan, result: StepResult) -> None:
+            self.generated_tokens.labels(model).inc(len(result.tokens))
+            if plan.prefill:
+                self.generation_step_duration.labels(model, "prefill").observe(result.prefill_s)
+            if plan.decode:
+                self.generation_step_duration.labels(model, "decode").observe(result.decode_s)
+
+        def on_queue(running: int, waiting: int) -> None:
+            self.running_sequences.labels(model).set(running)
+            self.waiting_sequences.labels(model).set(waiting)
+
+        return EngineHooks(
+            on_step=on_step,
+            on_first_token=self.time_to_first_token.labels(model).observe,
+            on_token=self.inter_token_latency.labels(model).observe,
+            on_queue=on_queue,
         )
 
     def observe_batch(self, model: str, stats: BatchStats) -> None:

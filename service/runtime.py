@@ -6,14 +6,17 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from service.batching import BatchPolicy, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine
-from service.generation.greedy import Generation, GreedyDecoder
-from service.manifest import Manifest
+from service.generation.engine import GenerationEngine
+from service.generation.runner import DecoderRunner
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
+from service.generation.sequence import Sequence as GenSequence
+from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion
 from service.settings import Settings
@@ -85,36 +88,30 @@ def per_position_outputs(manifest: Manifest) -> frozenset[str]:
     return frozenset(o.name for o in manifest.outputs if len(o.shape) >= 2 and isinstance(o.shape[1], str))
 
 
-@dataclass(frozen=True)
-class GenerationJob:
-    """One prompt to continue; its batching cost is every position it may occupy."""
-
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-
-    def __len__(self) -> int:
-        return len(self.prompt) + self.max_new_tokens
-
-
-class SequentialGenerator:
-    """The batcher's runner for a decoder: the jobs of a batch are decoded one after another."""
-
-    def __init__(self, decoder: GreedyDecoder) -> None:
-        self.decoder = decoder
-
-    def __call__(self, jobs: list[GenerationJob]) -> list[Generation]:
-        return [self.decoder.generate(job.prompt, job.max_new_tokens) for job in jobs]
-
-
 @dataclass
 class ServedModel:
     version: ModelVersion
     variant: str
     engine: Engine
     encoder: TextEncoder
-    runner: Callable[[list[Any]], list[Any]]
-    batcher: MicroBatcher[Any, Any]
     executor: ThreadPoolExecutor
+    runner: EncoderRunner | None = None  # encoder tasks: requests batch through the micro-batcher
+    batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] | None = None
+    generator: GenerationEngine | None = None  # text generation: the continuous-batching engine
+
+    def start(self) -> None:
+        """Start the batcher or the generation loop (inside the running event loop)."""
+        if self.batcher is not None:
+            self.batcher.start()
+        if self.generator is not None:
+            self.generator.start()
+
+    async def close(self) -> None:
+        """Finish queued and running work, then stop."""
+        if self.batcher is not None:
+            await self.batcher.close()
+        if self.generator is not None:
+            await self.generator.close()
 
     @property
     def manifest(self) -> Manifest:
@@ -144,9 +141,13 @@ class ServedModel:
 
     def warm_up(self) -> None:
         """Run the engine over the shapes batches will take, so no real request pays a first-call cost."""
-        if self.manifest.task == "text-generation":
-            self.runner([GenerationJob(prompt=(0, 1, 2, 3), max_new_tokens=4)])
+        if self.generator is not None:
+            seq = GenSequence(prompt=[0, 1, 2, 3], params=SamplingParams(max_new_tokens=2))
+            result = self.generator.runner.execute(StepPlan(prefill=[seq], decode=[]))
+            seq.output.append(result.tokens[seq.id])
+            self.generator.runner.execute(StepPlan(prefill=[], decode=[seq]))
             return
+        assert self.runner is not None and self.batcher is not None
         policy = self.batcher.policy
         for length in sorted({8, 32, self.manifest.max_sequence_length}):
             for size in sorted({1, min(8, policy.max_batch_size), policy.max_batch_size}):
@@ -161,12 +162,28 @@ class ServedModel:
                 self.runner([row] * size)
 
 
-def _runner(manifest: Manifest, engine: Engine) -> Callable[[list[Any]], list[Any]]:
-    if manifest.task == "text-generation":
-        assert manifest.generation is not None  # the manifest schema requires it for this task
-        return SequentialGenerator(GreedyDecoder(engine, manifest.generation, manifest.max_sequence_length))
-    gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
-    return EncoderRunner(engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather)
+def _generation_engine(
+    layout: GenerationLayout,
+    engine: Engine,
+    encoder: TextEncoder,
+    executor: ThreadPoolExecutor,
+    settings: Settings,
+    metrics: Metrics,
+    name: str,
+) -> GenerationEngine:
+    config = SchedulerConfig(
+        max_running=settings.gen_max_batch,
+        max_cached_tokens=settings.gen_max_cached_tokens,
+        max_waiting=settings.gen_max_waiting,
+    )
+    return GenerationEngine(
+        DecoderRunner(engine, layout),
+        Scheduler(config),
+        encoder.decode,
+        layout.eos_token_id,
+        executor,
+        metrics.generation_hooks(name),
+    )
 
 
 def load_model(
@@ -182,24 +199,32 @@ def load_model(
         if gpu_variant != variant:
             variant, engine = gpu_variant, engine_factory(version, gpu_variant, settings)
     encoder = TextEncoder(version.file(manifest.tokenizer.file), manifest.tokenizer)
-    runner = _runner(manifest, engine)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{manifest.name}")
-    policy = BatchPolicy(
-        max_batch_size=settings.max_batch_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_wait_s=settings.max_wait_ms / 1000.0,
-        max_queue=settings.max_queue,
-    )
     name = manifest.name
-    batcher: MicroBatcher[Any, Any] = MicroBatcher(
-        runner,
-        policy,
-        cost=len,
-        executor=executor,
-        on_batch=lambda stats: metrics.observe_batch(name, stats),
-        on_queue_depth=lambda depth: metrics.queue_depth.labels(name).set(depth),
-    )
-    served = ServedModel(version, variant, engine, encoder, runner, batcher, executor)
+    served = ServedModel(version, variant, engine, encoder, executor)
+    if manifest.generation is not None:
+        served.generator = _generation_engine(
+            manifest.generation, engine, encoder, executor, settings, metrics, name
+        )
+    else:
+        gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
+        served.runner = EncoderRunner(
+            engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather
+        )
+        policy = BatchPolicy(
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_wait_s=settings.max_wait_ms / 1000.0,
+            max_queue=settings.max_queue,
+        )
+        served.batcher = MicroBatcher(
+            served.runner,
+            policy,
+            cost=len,
+            executor=executor,
+            on_batch=lambda stats: metrics.observe_batch(name, stats),
+            on_queue_depth=lambda depth: metrics.queue_depth.labels(name).set(depth),
+        )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
     log.info(
         "serving %s v%d (%s) variant=%s provider=%s",

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,10 +37,36 @@ class Settings(BaseSettings):
     )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")
+    gen_max_batch: int = Field(16, ge=1, description="Sequences decoded together by the generation engine.")
+    gen_max_cached_tokens: int = Field(
+        65536,
+        ge=1,
+        description="KV-cache positions reserved across running sequences (prompt + max_new_tokens).",
+    )
+    gen_max_waiting: int = Field(256, ge=1, description="Generation requests waiting to join before 429.")
     max_client_batch: int = Field(64, ge=1, description="Most inputs in one HTTP request.")
     warmup: bool = Field(True, description="Run the engine over the batch shapes before /ready turns 200.")
     strict_repository: bool = Field(False, description="Fail start-up if any model version is broken.")
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1, description="Largest request body in bytes; a bigger one gets 413 unread."
+    )
+    max_text_chars: int = Field(100_000, ge=1, description="Most characters in one text; longer: 422.")
+    truncation: Literal["truncate", "reject"] = Field(
+        "truncate",
+        description="Texts past the model's window: truncate (and say so in X-Distilserve-Truncated) or 422.",
+    )
+    api_keys: SecretStr = Field(
+        SecretStr(""), description="Comma-separated API keys; when any is set, /v1 and /v2 need one."
+    )
+    api_keys_file: Path | None = Field(None, description="File with one API key per line (# comments).")
+    protect_metrics: bool = Field(False, description="With API keys: /metrics needs a key too.")
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM: how long in-flight and queued requests get to finish."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["json", "text"] = Field(
+        "json", description="Access log lines (logger distilserve.access): one JSON object, or text."
+    )
 
 
 def _flag(name: str) -> str:

@@ -46,6 +46,16 @@ class TextEncoder:
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[EncodedText]:
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(pairs))]
 
+    def encode_untruncated(self, text: str) -> EncodedText:
+        """Every token of the text (a prompt may be cut from the left, which truncation cannot do)."""
+        tokenizer = self._windowed.get(-1)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+            self._windowed[-1] = tokenizer
+        return self._convert(tokenizer.encode(text))
+
     def encode_windows(self, question: str, context: str, stride: int) -> list[EncodedText]:
         """Question + context, the context split into overlapping windows of `max_length` tokens."""
         tokenizer = self._windowed.get(stride)

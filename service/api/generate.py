@@ -1,23 +1,160 @@
-"""`POST /v1/generate`: prompt -> continuation."""
+"""`POST /v1/generate` (whole or streamed as Server-Sent Events) and OpenAI's `POST /v1/completions`."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
 
 from service.api.deps import Collaborators, collaborators, label_request, require_json
-from service.api.schemas import ERRORS, GenerateRequest, GenerateResponse
-from service.processors.generation import generate as run_generate
+from service.api.schemas import ERRORS, CompletionRequest, GenerateRequest, GenerateResponse, SamplingFields
+from service.generation.sampling import SamplingParams
+from service.processors.generation import Prepared, complete, prepare, start_stream
 
-router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
+router = APIRouter(tags=["generation"], dependencies=[Depends(require_json)])
+T = TypeVar("T")
+OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-@router.post("/v1/generate", response_model=GenerateResponse, responses=ERRORS, summary="Continue a prompt.")
-async def generate(
-    body: GenerateRequest, request: Request, c: Collaborators = Depends(collaborators)
-) -> GenerateResponse:
+def sampling(fields: SamplingFields, max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=fields.temperature,
+        top_k=fields.top_k,
+        top_p=fields.top_p,
+        repetition_penalty=fields.repetition_penalty,
+        seed=fields.seed,
+        stop=fields.stop,
+    )
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client goes away (its sequence then leaves the batch)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if not done and await request.is_disconnected():
+            task.cancel()
+    return task.result()
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def event_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+@router.post(
+    "/v1/generate",
+    response_model=GenerateResponse,
+    responses=ERRORS,
+    summary="Continue a prompt; with stream=true, one SSE event per token and a final event.",
+)
+async def generate(body: GenerateRequest, request: Request, c: Collaborators = Depends(collaborators)) -> Any:
     model = c.registry.resolve("text-generation", body.model, body.version)
     label_request(request, model)
-    result = await run_generate(
-        model, body.prompt, body.max_new_tokens, c.metrics, c.settings.request_timeout_s
+    prepared = prepare(
+        model, body.prompt, sampling(body, body.max_new_tokens), body.truncate_prompt, c.metrics
     )
-    return GenerateResponse(**result)
+    if not body.stream:
+        result = await unless_disconnected(request, complete(prepared))
+        return GenerateResponse(
+            generated_text=result["generated_text"],
+            tokens=result["tokens"],
+            finish_reason=result["finish_reason"],
+        )
+    return event_stream(_generate_events(prepared))
+
+
+async def _generate_events(prepared: Prepared) -> AsyncIterator[bytes]:
+    seq, events = start_stream(prepared)
+    text = []
+    try:
+        async for event in events:
+            text.append(event.text)
+            yield sse({"index": len(seq.output) - 1, "token": event.token_id, "text": event.text})
+            if event.finish_reason is not None:
+                yield sse(
+                    {
+                        "finish_reason": event.finish_reason,
+                        "generated_text": "".join(text),
+                        "tokens": len(seq.output),
+                    }
+                )
+    except Exception as e:  # the stream has started: the error travels as an event
+        yield sse({"error": str(e), "error_type": "backend"})
+
+
+@router.post("/v1/completions", responses=ERRORS, summary="OpenAI-compatible text completions.")
+async def completions(
+    body: CompletionRequest, request: Request, c: Collaborators = Depends(collaborators)
+) -> Any:
+    model = c.registry.resolve("text-generation", body.model, None)
+    label_request(request, model)
+    prepared = prepare(model, body.text, sampling(body, body.max_tokens), body.truncate_prompt, c.metrics)
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return event_stream(_completion_chunks(prepared, completion_id, created, model.name, usage))
+    result = await unless_disconnected(request, complete(prepared))
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model.name,
+        "choices": [
+            {
+                "index": 0,
+                "text": result["generated_text"],
+                "logprobs": None,
+                "finish_reason": OPENAI_FINISH[result["finish_reason"]],
+            }
+        ],
+        "usage": _usage(result["prompt_tokens"], result["tokens"]),
+    }
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _completion_chunks(
+    prepared: Prepared, completion_id: str, created: int, model: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    seq, events = start_stream(prepared)
+
+    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+
+    try:
+        async for event in events:
+            finish = OPENAI_FINISH[event.finish_reason] if event.finish_reason else None
+            yield sse(chunk(event.text, finish))
+        if include_usage:
+            final = chunk("", None) | {"choices": [], "usage": _usage(len(seq.prompt), len(seq.output))}
+            yield sse(final)
+    except Exception as e:  # the stream has started: the error travels as an event
+        yield sse({"error": {"message": str(e), "type": "server_error"}})
+    yield sse("[DONE]")

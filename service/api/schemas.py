@@ -106,9 +106,65 @@ class FillMaskCandidate(BaseModel):
     sequence: str
 
 
-class GenerateRequest(_Request):
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+        raise ValueError("stop: a non-empty string or a list of them")
+    if len(stops) > 8:
+        raise ValueError("stop: at most 8 stop sequences")
+    return tuple(stops)
+
+
+Stops = Annotated[tuple[str, ...], BeforeValidator(_stops)]
+
+
+class SamplingFields(BaseModel):
+    """Decoding knobs shared by /v1/generate and /v1/completions."""
+
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0: greedy.")
+    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely tokens; 0: all.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (HF).")
+    seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
+    stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
+    truncate_prompt: bool = Field(False, description="Keep the prompt's end when it exceeds the window.")
+
+
+class GenerateRequest(_Request, SamplingFields):
     prompt: str = Field(..., min_length=1, examples=["The film was"])
-    max_new_tokens: int = Field(32, ge=1, le=1024, description="Most tokens to generate.")
+    max_new_tokens: int = Field(32, ge=1, le=4096, description="Most tokens to generate.")
+    stream: bool = Field(False, description="Server-Sent Events: one event per token, then a final one.")
+
+
+class CompletionRequest(SamplingFields):
+    """OpenAI's /v1/completions request (the fields this server implements; others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | list[str] = Field(..., description="A string (or a list holding one string).")
+    max_tokens: int = Field(16, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    echo: bool = Field(False, description="Not supported: must be false.")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("prompt: give one string (batches of prompts are not supported)")
+        if not self.text.strip():
+            raise ValueError("prompt: empty")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
 class GenerateResponse(BaseModel):

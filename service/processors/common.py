@@ -1,4 +1,4 @@
-"""What every processor shares: the request error type, timing tokenization, submitting many items."""
+"""What every processor shares: the request error type, the text limits, timing, submitting many items."""
 
 from __future__ import annotations
 
@@ -8,21 +8,62 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from service.batching import ItemTiming
 from service.metrics import Metrics
+from service.request_context import current
 from service.runtime import ServedModel
+from service.tokenization import EncodedText
 
 
 class InvalidInputError(ValueError):
     """Well-formed JSON asking for something the model cannot do (HTTP 422)."""
 
 
+def check_chars(texts: Sequence[str], what: str = "input") -> None:
+    """Refuse a text over the raw-character cap before tokenizing it: tokenizing is the costly part."""
+    limit = current().limits.max_chars
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            where = f"{what} {i}" if len(texts) > 1 else f"the {what}"
+            raise InvalidInputError(f"{where} is {len(text)} characters, at most {limit}")
+
+
+def enforce_window(encoded: Sequence[EncodedText], window: int) -> None:
+    """Texts past the model's window: keep the truncated encoding or refuse, per the server's policy.
+
+    The number truncated goes on the request's context, from which the HTTP layer tells the client.
+    """
+    over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
+    for i in over:
+        where = f"input {i}" if len(encoded) > 1 else "the input"
+        if current().limits.truncation == "reject":
+            raise InvalidInputError(
+                f"{where} is longer than the model's window of {window} tokens and this server "
+                "rejects instead of truncating; shorten it"
+            )
+        if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
+            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+    current().add_truncated(len(over))
+
+
 @contextmanager
 def tokenizing(metrics: Metrics, model: ServedModel) -> Iterator[None]:
     started = time.perf_counter()
     yield
-    metrics.tokenize_duration.labels(model.name).observe(time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    metrics.tokenize_duration.labels(model.name).observe(elapsed)
+    current().add_tokenize(elapsed)
+
+
+async def submit(model: ServedModel, item: Any, timeout_s: float) -> Any:
+    """One item through the model's batcher; its queue and engine time go on the request's context."""
+    timing = ItemTiming()
+    try:
+        return await model.batcher.submit(item, timeout_s=timeout_s, timing=timing)
+    finally:
+        current().add_item(timing)
 
 
 async def run_all(model: ServedModel, items: Sequence[Any], timeout_s: float) -> list[Any]:
     """Submit every item to the model's batcher; they may land in the same or in different batches."""
-    return list(await asyncio.gather(*(model.batcher.submit(item, timeout_s=timeout_s) for item in items)))
+    return list(await asyncio.gather(*(submit(model, item, timeout_s) for item in items)))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError, run_all, tokenizing
+from service.processors.common import InvalidInputError, check_chars, enforce_window, run_all, tokenizing
 from service.runtime import ServedModel
 from service.tasks.fill_mask import mask_positions, top_tokens
 
@@ -24,8 +24,10 @@ async def fill_mask(
     mask_id = model.manifest.special_tokens.mask
     assert mask_id is not None  # the manifest schema requires it for fill-mask
     mask_token = model.encoder.id_to_token(mask_id) or "[MASK]"
+    check_chars(texts)
     with tokenizing(metrics, model):
         encoded = model.encoder.encode(texts)
+    enforce_window(encoded, model.encoder.max_length)
     for i, (text, e) in enumerate(zip(texts, encoded, strict=True)):
         found = len(mask_positions(e.input_ids, mask_id))
         where = f"input {i}" if len(texts) > 1 else "the input"

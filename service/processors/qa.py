@@ -7,7 +7,7 @@ from typing import TypedDict
 import numpy as np
 
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError, run_all, tokenizing
+from service.processors.common import InvalidInputError, check_chars, run_all, tokenizing
 from service.runtime import ServedModel
 from service.tasks.qa import null_score, offsets_array, span_probabilities, top_spans
 from service.tokenization import EncodedText
@@ -48,6 +48,8 @@ async def answer(
     metrics: Metrics,
     timeout_s: float,
 ) -> list[Answer]:
+    check_chars([question], "question")
+    check_chars([context], "context")  # no window limit: a long context is split into windows
     stride = doc_stride(model.encoder.max_length, stride)
     with tokenizing(metrics, model):
         try:

@@ -1,0 +1,75 @@
+"""One generation request as the engine sees it: prompt, output so far, its own KV cache and RNG."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from service.generation.sampling import SamplingParams
+
+FinishReason = Literal["length", "eos", "stop"]
+_ids = itertools.count()
+
+
+class KVCache:
+    """Keys and values of every layer for one sequence, preallocated to the most it may ever hold."""
+
+    def __init__(self, layers: int, heads: int, head_dim: int, capacity: int) -> None:
+        self.keys = np.zeros((layers, heads, capacity, head_dim), dtype=np.float32)
+        self.values = np.zeros((layers, heads, capacity, head_dim), dtype=np.float32)
+        self.length = 0
+
+    def write(self, layer: int, keys: np.ndarray, values: np.ndarray, at: int) -> None:
+        """keys/values: [heads, n, head_dim], stored at positions at .. at + n."""
+        n = keys.shape[1]
+        self.keys[layer, :, at : at + n] = keys
+        self.values[layer, :, at : at + n] = values
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What a client sees per step: the new token, the text it completes, and how the sequence ended."""
+
+    token_id: int | None
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams
+    id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    cache: KVCache | None = None
+    finish_reason: FinishReason | None = None
+    aborted: bool = False  # the client went away: free the slot at the next step
+    error: Exception | None = None  # the engine failed on a step this sequence was in
+    text: str = ""  # detokenized output, up to the last complete character
+    arrived_at: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None
+    events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
+    rng: np.random.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if not self.params.greedy:
+            self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def length(self) -> int:
+        """Tokens in the KV cache once this step's token is fed: prompt plus output so far."""
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def capacity(self) -> int:
+        """Positions this sequence may occupy in all: what admission reserves for it."""
+        return len(self.prompt) + self.params.max_new_tokens
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.aborted

@@ -1,0 +1,171 @@
+"""Continuous batching on the exported tiny GPT-2: alone, in company, joining mid-flight, against PyTorch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.engine import OrtEngine
+from service.generation.engine import GenerationEngine
+from service.generation.runner import DecoderRunner
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import Scheduler, SchedulerConfig
+from service.repository import read_version
+from service.tokenization import TextEncoder
+from tests.conftest import TASK_MODEL_NAMES
+
+PROMPTS = [
+    "Acme",
+    "I loved this film, it was",
+    "Who founded Acme? When was it founded?",
+    "A dull",
+    "Springfield is a city",
+    "The film was wonderful and the music",
+    "Who",
+    "When was Acme founded by John Smith in the city",
+]
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_repository: Path) -> Iterator[tuple[Any, ...]]:
+    version = read_version(tiny_repository / TASK_MODEL_NAMES["text-generation"] / "1")
+    m = version.manifest
+    assert m.generation is not None
+    engine = OrtEngine(version.file("model.onnx"), device="cpu")
+    encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        yield engine, m.generation, encoder, executor
+
+
+def make_engine(parts: tuple[Any, ...], max_running: int = 16) -> GenerationEngine:
+    engine, layout, encoder, executor = parts
+    return GenerationEngine(
+        DecoderRunner(engine, layout),
+        Scheduler(SchedulerConfig(max_running=max_running)),
+        encoder.decode,
+        layout.eos_token_id,
+        executor,
+    )
+
+
+def ids(parts: tuple[Any, ...], text: str) -> list[int]:
+    return [int(t) for t in parts[2].encode([text])[0].input_ids]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> list[int]:
+    async def main() -> list[int]:
+        engine = make_engine(parts)
+        engine.start()
+        seq, _ = await engine.generate(prompt, params)
+        await engine.close()
+        return seq.output
+
+    return run(main())
+
+
+def test_greedy_alone_equals_pytorch_generate(parts: tuple[Any, ...], tiny_models: dict[str, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from export.greedy import greedy_torch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
+    for text in PROMPTS[:4]:
+        prompt = ids(parts, text)
+        expected = greedy_torch(model, prompt, 16, parts[1].eos_token_id)
+        assert alone(parts, prompt, SamplingParams(max_new_tokens=16)) == expected
+
+
+def test_greedy_is_identical_inside_a_running_batch_joined_at_different_steps(parts: tuple[Any, ...]) -> None:
+    params = SamplingParams(max_new_tokens=20)
+    prompts = [ids(parts, p) for p in PROMPTS]
+    expected = [alone(parts, p, params) for p in prompts]
+
+    async def main() -> list[list[int]]:
+        engine = make_engine(parts)
+        engine.start()
+        sequences = []
+        for i, prompt in enumerate(prompts):
+            sequences.append(engine.submit(prompt, params))
+            # let the running batch take a few steps before the next request joins
+            while len(sequences[0].output) < 2 * (i + 1) and not sequences[0].done:
+                await asyncio.sleep(0.001)
+        outputs = await asyncio.gather(*(_collect(engine, s) for s in sequences))
+        await engine.close()
+        return outputs
+
+    got = run(main())
+    assert got == expected
+    assert len({len(p) for p in prompts}) > 4  # the prompts really differ in length
+
+
+async def _collect(engine: GenerationEngine, seq: Any) -> list[int]:
+    async for _ in engine.stream(seq):
+        pass
+    return list(seq.output)
+
+
+def test_seeded_sampling_does_not_depend_on_the_company(parts: tuple[Any, ...]) -> None:
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=7)
+    prompt = ids(parts, PROMPTS[1])
+    solo = alone(parts, prompt, params)
+
+    async def main() -> list[int]:
+        engine = make_engine(parts)
+        engine.start()
+        others = [
+            engine.submit(ids(parts, p), SamplingParams(max_new_tokens=12, temperature=1.0))
+            for p in PROMPTS[2:6]
+        ]
+        target = engine.submit(prompt, params)
+        result = await _collect(engine, target)
+        await asyncio.gather(*(_collect(engine, o) for o in others))
+        await engine.close()
+        return result
+
+    assert run(main()) == solo
+
+
+def test_stop_strings_and_length_end_a_sequence(parts: tuple[Any, ...]) -> None:
+    prompt = ids(parts, PROMPTS[0])
+    free, text = run(_generate(parts, prompt, SamplingParams(max_new_tokens=16)))
+    assert free.finish_reason in ("length", "eos") and len(free.output) <= 16
+    if free.finish_reason == "length" and len(text) > 4:
+        stop = text[2:4]
+        stopped, stopped_text = run(_generate(parts, prompt, SamplingParams(max_new_tokens=16, stop=(stop,))))
+        assert stopped.finish_reason == "stop"
+        assert stopped_text == text[: text.find(stop)]
+        assert stop not in stopped_text
+
+
+async def _generate(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> tuple[Any, str]:
+    engine = make_engine(parts)
+    engine.start()
+    result = await engine.generate(prompt, params)
+    await engine.close()
+    return result
+
+
+def test_a_client_that_leaves_frees_its_slot(parts: tuple[Any, ...]) -> None:
+    async def main() -> None:
+        engine = make_engine(parts, max_running=1)
+        engine.start()
+        leaver = engine.submit(ids(parts, PROMPTS[1]), SamplingParams(max_new_tokens=200))
+        waiter = engine.submit(ids(parts, PROMPTS[2]), SamplingParams(max_new_tokens=3))
+        stream = engine.stream(leaver)
+        await stream.__anext__()  # one token, then the client goes away
+        await stream.aclose()
+        assert leaver.aborted
+        await asyncio.wait_for(_collect(engine, waiter), timeout=10)  # it gets the slot
+        assert len(leaver.output) < 200
+        await engine.close()
+
+    run(main())

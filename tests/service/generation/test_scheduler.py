@@ -1,0 +1,71 @@
+"""The scheduler with plain sequences and fake runner outputs: joins, leaves, budgets, bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.batching import BatcherClosedError, QueueFullError
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import Scheduler, SchedulerConfig
+from service.generation.sequence import Sequence
+
+
+def seq(prompt_len: int, max_new: int = 4) -> Sequence:
+    return Sequence(prompt=list(range(1, prompt_len + 1)), params=SamplingParams(max_new_tokens=max_new))
+
+
+def test_waiting_sequences_join_between_steps_up_to_the_running_cap() -> None:
+    s = Scheduler(SchedulerConfig(max_running=2))
+    a, b, c = seq(3), seq(5), seq(2)
+    for x in (a, b, c):
+        s.add(x)
+    plan = s.schedule()
+    assert plan.prefill == [a, b] and plan.decode == []
+    a.output.append(7)
+    b.output.append(7)
+    plan = s.schedule()
+    assert plan.prefill == [] and plan.decode == [a, b]  # c waits: the batch is full
+    a.finish_reason = "eos"
+    plan = s.schedule()
+    assert plan.prefill == [c] and plan.decode == [b]  # a left the step it finished; c took its slot
+
+
+def test_admission_reserves_whole_capacity_and_keeps_arrival_order() -> None:
+    s = Scheduler(SchedulerConfig(max_running=8, max_cached_tokens=20))
+    big, small = seq(10, 8), seq(1, 1)  # capacities 18 and 2
+    first = seq(2, 2)  # capacity 4
+    for x in (first, big, small):
+        s.add(x)
+    plan = s.schedule()
+    assert plan.prefill == [first]  # big does not fit beside first (4 + 18 > 20); small may not overtake it
+    first.finish_reason = "length"
+    assert s.schedule().prefill == [big, small]
+    assert s.reserved_tokens() == 20
+
+
+def test_aborted_sequences_free_their_slot_at_the_next_step() -> None:
+    s = Scheduler(SchedulerConfig(max_running=1))
+    a, b = seq(3), seq(3)
+    s.add(a)
+    s.add(b)
+    assert s.schedule().prefill == [a]
+    a.aborted = True
+    plan = s.schedule()
+    assert plan.prefill == [b] and a not in s.running
+    waiting = seq(2)
+    s.add(waiting)
+    waiting.aborted = True
+    b.finish_reason = "eos"
+    assert s.schedule().empty and not s.has_work
+
+
+def test_bounds_refuse_instead_of_growing() -> None:
+    s = Scheduler(SchedulerConfig(max_waiting=1, max_cached_tokens=10))
+    s.add(seq(2))
+    with pytest.raises(QueueFullError):
+        s.add(seq(2))
+    with pytest.raises(ValueError, match="exceeds the cache budget"):
+        s.add(seq(8, 8))
+    s.closed = True
+    with pytest.raises(BatcherClosedError):
+        s.add(seq(1))
