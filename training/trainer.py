@@ -19,14 +19,14 @@ import math
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 import torch.nn as nn
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
 from rich.progress import (
     BarColumn,
@@ -80,25 +80,22 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Reject settings the loop would otherwise trip over hours later."""
+        counts = {
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "grad_accum_steps": self.grad_accum_steps,
+            "max_steps": self.max_steps,
+            "checkpoint_every_steps": self.checkpoint_every_steps,
+            "keep_checkpoints": self.keep_checkpoints,
+            "early_stop_patience": self.early_stop_patience,
+        }
         problems = [
-            f"{name} must be >= 1"
-            for name, value in [
-                ("epochs", self.epochs),
-                ("batch_size", self.batch_size),
-                ("grad_accum_steps", self.grad_accum_steps),
-                ("keep_checkpoints", self.keep_checkpoints),
-                ("max_steps", self.max_steps),
-                ("checkpoint_every_steps", self.checkpoint_every_steps),
-                ("early_stop_patience", self.early_stop_patience),
-            ]
-            if value is not None and value < 1
+            f"{name} must be >= 1" for name, value in counts.items() if value is not None and value < 1
         ]
         if self.metric_mode not in ("max", "min"):
             problems.append(f"metric_mode must be 'max' or 'min', not {self.metric_mode!r}")
         if self.resume is True and self.checkpoint_dir is None:
             problems.append("resume=True needs checkpoint_dir (or pass resume=<checkpoint path>)")
-        if self.checkpoint_every_steps is not None and self.checkpoint_dir is None:
-            problems.append("checkpoint_every_steps needs checkpoint_dir")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -111,7 +108,7 @@ class History:
     """Per optimiser step losses and per epoch summaries (with the eval metrics).
 
     Step losses are means over the step's micro-batches and over processes; every process holds the same
-    history (eval metrics are computed on the main process and shared).
+    history but for timings (eval metrics are computed on the main process and shared).
     """
 
     steps: list[dict[str, float]] = field(default_factory=list)
@@ -183,6 +180,8 @@ class _LoopState:
     examples: int = 0  # examples the epoch has seen so far, all processes together
     seconds: float = 0.0  # the epoch's time before this process took over (after a resume)
     started: float = field(default_factory=time.perf_counter)
+    _SAVED: ClassVar = ("epoch", "step", "batches", "epoch_loss", "epoch_steps", "examples")
+    _STOPPER: ClassVar = ("best", "best_epoch", "bad_epochs")
 
     def elapsed(self) -> float:
         return self.seconds + time.perf_counter() - self.started
@@ -194,18 +193,19 @@ class _LoopState:
         self.history.steps.append({"step": self.step, "loss": total, "kd": kd, "hard": hard, "lr": lr})
 
     def to_json(self) -> dict[str, Any]:
-        saved = {k: v for k, v in asdict(self).items() if k not in ("history", "stopper", "started")}
-        history = {"steps": self.history.steps, "epochs": self.history.epochs}
-        stopper = {k: v for k, v in asdict(self.stopper).items() if k not in ("patience", "mode")}
-        return {**saved, "seconds": self.elapsed(), "history": history, "early_stopping": stopper}
+        return {
+            **{name: getattr(self, name) for name in self._SAVED},
+            "seconds": self.elapsed(),
+            "history": {"steps": self.history.steps, "epochs": self.history.epochs},
+            "early_stopping": {name: getattr(self.stopper, name) for name in self._STOPPER},
+        }
 
     def load_json(self, saved: dict[str, Any]) -> None:
-        for name in ("epoch", "step", "batches", "epoch_loss", "epoch_steps", "examples", "seconds"):
+        for name in (*self._SAVED, "seconds"):
             setattr(self, name, saved[name])
+        for name in self._STOPPER:
+            setattr(self.stopper, name, saved["early_stopping"][name])
         self.history.steps, self.history.epochs = saved["history"]["steps"], saved["history"]["epochs"]
-        for name, value in saved["early_stopping"].items():
-            setattr(self.stopper, name, value)
-        self.started = time.perf_counter()
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
@@ -309,6 +309,22 @@ class _Checkpoints:
         accelerator.wait_for_everyone()
 
 
+def _epoch_batches(
+    accelerator: Accelerator, loader: Any, epoch: int, skip: int, seed: int
+) -> Iterable[Batch]:
+    """The epoch's batches but the first `skip` (done before a resume); the order depends on (seed, epoch).
+
+    The iterator of a resumed epoch gets a generator of its own: it must not draw its worker seed from the
+    global RNG the checkpoint restored, since the uninterrupted run drew that before the checkpoint.
+    """
+    loader.set_epoch(epoch)
+    if skip == 0:
+        return cast(Iterable[Batch], loader)
+    if loader.generator is None:
+        loader.generator = torch.Generator().manual_seed(seed)
+    return cast(Iterable[Batch], accelerator.skip_first_batches(loader, skip))
+
+
 def _end_epoch(
     accelerator: Accelerator,
     model: nn.Module,
@@ -341,6 +357,7 @@ def _end_epoch(
     state.epoch += 1
     state.batches = state.epoch_steps = state.examples = 0
     state.epoch_loss = state.seconds = 0.0
+    state.started = time.perf_counter()
     return record
 
 
@@ -361,6 +378,8 @@ def train(
     """
     if cfg.early_stop_patience is not None and evaluate is None:
         raise ValueError("early_stop_patience needs an evaluate callback")
+    if cfg.mixed_precision == "fp16" and PartialState(cpu=cfg.cpu).device.type == "cpu":
+        raise ValueError("fp16 needs a GPU (on CPU Accelerate would silently train in fp32); use bf16")
     resume_from = _resume_from(cfg)
     set_seed(cfg.seed)
     # AdamW moments of rarely-seen embedding rows decay into denormal floats, which x86 CPUs process up
@@ -373,8 +392,6 @@ def train(
         # Shuffle by (seed, epoch): the same order on every process, and again after a resume.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
     )
-    if cfg.mixed_precision == "fp16" and accelerator.device.type == "cpu":
-        raise ValueError("fp16 needs a GPU (on CPU Accelerate would silently train in fp32); use bf16")
     if teacher is not None:
         teacher.requires_grad_(False)
         teacher.eval().to(accelerator.device)
@@ -401,8 +418,7 @@ def train(
         )
         while state.epoch < cfg.epochs and state.step < total_steps and not state.stopper.should_stop:
             model.train()
-            loader.set_epoch(state.epoch)  # type: ignore[attr-defined]  # prepared: a DataLoaderShard
-            batches = accelerator.skip_first_batches(loader, state.batches) if state.batches else loader
+            batches = _epoch_batches(accelerator, loader, state.epoch, state.batches, cfg.seed)
             state.started = time.perf_counter()
             micro_losses, micro_batches = torch.zeros(3, device=accelerator.device), 0
             for batch in batches:
