@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-
-import uvicorn
-
-from service.app import create_app
+from service.app import StartupError, create_app
+from service.logs import configure_logging
+from service.runtime import EngineFactory, ort_engine_factory
+from service.server import serve
 from service.settings import parse_cli
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engine_factory) -> None:
     settings = parse_cli(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.request_timeout_s),
-    )
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        app = create_app(settings, engine_factory)
+    except StartupError as e:
+        raise SystemExit(f"distilserve: {e}") from e
+    serve(app, settings)
 
 
 if __name__ == "__main__":

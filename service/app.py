@@ -10,11 +10,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.api import build_router
+from service.api.access import AccessMiddleware
+from service.api.auth import ApiKeyMiddleware, load_api_keys
+from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
+from service.api.limits import BodyLimitMiddleware
 from service.api.middleware import RequestMetricsMiddleware
 from service.metrics import Metrics
 from service.registry import ModelRegistry
 from service.repository import RepositoryError, scan_repository
+from service.request_context import TextLimits
 from service.runtime import EngineFactory, ServedModel, load_model, ort_engine_factory
 from service.settings import Settings
 
@@ -49,6 +54,11 @@ def load_models(settings: Settings, metrics: Metrics, engine_factory: EngineFact
 
 def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_factory) -> FastAPI:
     metrics = Metrics()
+    drain = DrainGate()
+    try:
+        api_keys = load_api_keys(settings)
+    except ValueError as e:
+        raise StartupError(str(e)) from e
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,6 +76,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_fa
             yield
         finally:
             app.state.ready = False
+            drain.begin()
             await asyncio.gather(*(m.close() for m in models))
             for m in models:
                 m.executor.shutdown(wait=True)
@@ -79,7 +90,16 @@ def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_fa
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.ready = False
+    app.state.drain = drain
     install_error_handlers(app)
     app.include_router(build_router())
+    # Innermost first: the body cap and the key check run before any body is read; the drain gate
+    # before both, so a draining process reads nothing new; the request id and access line wrap it all.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=api_keys, protect_metrics=settings.protect_metrics)
+    app.add_middleware(DrainMiddleware, gate=drain)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    limits = TextLimits(max_chars=settings.max_text_chars, truncation=settings.truncation)
+    app.add_middleware(AccessMiddleware, limits=limits)
     return app

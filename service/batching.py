@@ -19,6 +19,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+_BATCH_IDS = itertools.count()  # process-wide, so engine calls of different models never share an id
+
+
 class QueueFullError(Exception):
     """The queue is at its bound; the caller should retry later (HTTP 429)."""
 
@@ -55,6 +58,15 @@ class BatchStats:
     failed: bool
 
 
+@dataclass
+class ItemTiming:
+    """Filled in for one submitted item, for callers that account per request (access logs)."""
+
+    queue_s: float | None = None
+    run_s: float | None = None
+    batch: int | None = None  # which engine call (unique per process): a request's items may share one
+
+
 @dataclass(eq=False)
 class _Pending(Generic[T, R]):
     item: T
@@ -64,6 +76,7 @@ class _Pending(Generic[T, R]):
     deadline: float | None
     seq: int
     taken: bool = False
+    timing: ItemTiming | None = None
 
 
 def select_batch(costs: Sequence[int], max_size: int, max_tokens: int) -> list[int]:
@@ -139,7 +152,7 @@ class MicroBatcher(Generic[T, R]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    async def submit(self, item: T, timeout_s: float | None = None) -> R:
+    async def submit(self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None) -> R:
         if self._closing:
             raise BatcherClosedError("the server is shutting down and takes no new work")
         if len(self._queue) >= self.policy.max_queue:
@@ -153,6 +166,7 @@ class MicroBatcher(Generic[T, R]):
             enqueued_at=now,
             deadline=None if timeout_s is None else now + timeout_s,
             seq=next(self._seq),
+            timing=timing,
         )
         self._queue.append(pending)
         self._report_depth()
@@ -226,6 +240,7 @@ class MicroBatcher(Generic[T, R]):
     async def _execute(self, batch: list[_Pending[T, R]]) -> None:
         started = time.monotonic()
         failed = False
+        batch_id = next(_BATCH_IDS)
         try:
             results = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, [p.item for p in batch]
@@ -234,10 +249,12 @@ class MicroBatcher(Generic[T, R]):
                 raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
         except Exception as e:  # a failing batch fails only its own requests
             failed = True
+            self._record_timing(batch, batch_id, started)
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(e)
         else:
+            self._record_timing(batch, batch_id, started)
             for p, result in zip(batch, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
@@ -256,6 +273,16 @@ class MicroBatcher(Generic[T, R]):
             )
 
     # -- helpers ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _record_timing(batch: list[_Pending[T, R]], batch_id: int, started: float) -> None:
+        """Before the futures resolve, so a caller sees its item's times as soon as it wakes."""
+        run_s = time.monotonic() - started
+        for p in batch:
+            if p.timing is not None:
+                p.timing.queue_s = started - p.enqueued_at
+                p.timing.run_s = run_s
+                p.timing.batch = batch_id
 
     def _drop_stale(self) -> None:
         """Remove work nobody waits for any more, or whose deadline has passed."""

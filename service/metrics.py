@@ -135,7 +135,10 @@ class Metrics:
         )
 
     def generation_hooks(self, model: str) -> EngineHooks:
-        """The generation engine's reports, turned into this model's metrics."""
+        """The generation engine's reports, turned into this model's metrics (series exist from the start)."""
+        self.generated_tokens.labels(model)
+        self.running_sequences.labels(model).set(0)
+        self.waiting_sequences.labels(model).set(0)
 
         def on_step(plan: StepPlan, result: StepResult) -> None:
             self.generated_tokens.labels(model).inc(len(result.tokens))

@@ -38,7 +38,8 @@ def _bpe() -> object:
     )
 
 
-def build_tiny(task: str, out: Path) -> Path:
+def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
+    """`positions`: the window (a long one makes generation take long enough to watch it stream)."""
     import torch
     from transformers import (
         BertConfig,
@@ -57,7 +58,7 @@ def build_tiny(task: str, out: Path) -> Path:
             n_embd=32,
             n_layer=2,
             n_head=2,
-            n_positions=64,
+            n_positions=positions,
             bos_token_id=0,
             eos_token_id=0,
         )
@@ -70,7 +71,7 @@ def build_tiny(task: str, out: Path) -> Path:
             num_hidden_layers=2,
             num_attention_heads=2,
             intermediate_size=64,
-            max_position_embeddings=64,
+            max_position_embeddings=positions,
         )
         if task == "text-classification":
             model = BertForSequenceClassification(

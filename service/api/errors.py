@@ -18,13 +18,42 @@ from service.registry import ModelNotFoundError, WrongTaskError
 log = logging.getLogger(__name__)
 
 
+class PayloadTooLargeError(StarletteHTTPException):
+    """The body is over the size limit (HTTP 413).
+
+    An HTTPException because it is raised while FastAPI reads the body, which re-raises HTTPExceptions
+    (anything else it would answer with 400).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class UnauthorizedError(Exception):
+    """No API key, or not one of ours (HTTP 401 with a Bearer challenge)."""
+
+    def __init__(self, message: str, challenge: str) -> None:
+        super().__init__(message)
+        self.challenge = challenge
+
+
+class ShuttingDownError(Exception):
+    """The process is draining for shutdown: new work goes elsewhere (HTTP 503, connection closed)."""
+
+
 STATUS: dict[type[Exception], tuple[int, str]] = {
     InvalidInputError: (422, "validation"),
     WrongTaskError: (422, "validation"),
     ModelNotFoundError: (404, "not_found"),
     UnsupportedMediaTypeError: (415, "unsupported_media_type"),
+    PayloadTooLargeError: (413, "too_large"),
+    UnauthorizedError: (401, "unauthorized"),
     QueueFullError: (429, "overloaded"),
     BatcherClosedError: (503, "unavailable"),
+    ShuttingDownError: (503, "unavailable"),
     DeadlineExceededError: (504, "timeout"),
     EngineError: (500, "backend"),
 }
@@ -34,6 +63,24 @@ def error_response(
     status: int, error_type: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
+
+
+def _headers(exc: Exception) -> dict[str, str] | None:
+    if isinstance(exc, QueueFullError):
+        return {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    if isinstance(exc, UnauthorizedError):
+        return {"WWW-Authenticate": exc.challenge}
+    if isinstance(exc, ShuttingDownError):
+        return {"Connection": "close"}
+    return None
+
+
+def response_for(exc: Exception) -> JSONResponse | None:
+    """The table's answer to `exc`, or None when it is not a domain error; middlewares use it too."""
+    for kind, (status, error_type) in STATUS.items():
+        if isinstance(exc, kind):
+            return error_response(status, error_type, str(exc), _headers(exc))
+    return None
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -53,15 +100,13 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
-        for kind, (status, error_type) in STATUS.items():
-            if isinstance(exc, kind):
-                headers = None
-                if isinstance(exc, QueueFullError):
-                    headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-                if status >= 500:
-                    log.error("%s %s failed: %s", request.method, request.url.path, exc)
-                return error_response(status, error_type, str(exc), headers)
-        raise exc  # pragma: no cover - only registered for the kinds above
+        response = response_for(exc)
+        if response is None:  # pragma: no cover - only registered for the kinds above
+            raise exc
+        if response.status_code >= 500:
+            request_id = getattr(request.state, "request_id", "-")
+            log.error("%s %s failed (request %s): %s", request.method, request.url.path, request_id, exc)
+        return response
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(422, "validation", _describe_validation(exc))

@@ -118,6 +118,8 @@ class GenerationEngine:
             for seq in [*plan.prefill, *plan.decode]:
                 if not seq.aborted:
                     self._advance(seq, result.tokens[seq.id])
+            self.scheduler.retire()
+            self._report_queue()
 
     def _advance(self, seq: GenSequence, token: int) -> None:
         now = time.perf_counter()

@@ -57,9 +57,13 @@ class Scheduler:
     def reserved_tokens(self) -> int:
         return sum(s.capacity for s in self.running)
 
+    def retire(self) -> None:
+        """Finished or abandoned sequences leave the running batch (and free their reservation)."""
+        self.running = [s for s in self.running if not s.done]
+
     def schedule(self) -> StepPlan:
         """Finished or abandoned sequences leave; waiting ones join in arrival order while budgets allow."""
-        self.running = [s for s in self.running if not s.done]
+        self.retire()
         self.waiting = deque(s for s in self.waiting if not s.aborted)
         decode = list(self.running)
         reserved = self.reserved_tokens()

@@ -57,6 +57,7 @@ def tokenizing(metrics: Metrics, model: ServedModel) -> Iterator[None]:
 
 async def submit(model: ServedModel, item: Any, timeout_s: float) -> Any:
     """One item through the model's batcher; its queue and engine time go on the request's context."""
+    assert model.batcher is not None  # encoder tasks only: generation runs on its own engine
     timing = ItemTiming()
     try:
         return await model.batcher.submit(item, timeout_s=timeout_s, timing=timing)

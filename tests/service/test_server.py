@@ -2,60 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.service.live_server import live_server
 
 
 def test_the_entrypoint_serves_and_stops_cleanly(classification_repository: Path) -> None:
-    port = free_port()
-    env = {**os.environ, "DISTILSERVE_MAX_BATCH_SIZE": "8"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "--port",
-            str(port),
-            "--model-repository",
-            str(classification_repository),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.2)
-        response = httpx.post(f"{base}/v1/classify", json={"inputs": ["a wonderful film", "a terrible film"]})
+    with live_server(classification_repository, {"DISTILSERVE_MAX_BATCH_SIZE": "8"}) as server:
+        response = httpx.post(
+            f"{server.base_url}/v1/classify", json={"inputs": ["a wonderful film", "a terrible film"]}
+        )
         assert response.status_code == 200
         assert [len(r) for r in response.json()] == [1, 1]
-        assert "distilserve_requests_total" in httpx.get(f"{base}/metrics").text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        assert "distilserve_requests_total" in httpx.get(f"{server.base_url}/metrics").text
+        code = server.stop()
     # uvicorn shuts down gracefully, then re-raises SIGTERM so supervisors see the signal it got.
-    assert proc.returncode in (0, -signal.SIGTERM), output
-    assert "Application shutdown complete" in output
-    assert "provider=CPUExecutionProvider" in output  # the provider in use is logged at start-up
+    assert code in (0, -signal.SIGTERM), server.output
+    assert "Application shutdown complete" in server.output
+    assert "provider=CPUExecutionProvider" in server.output  # the provider in use is logged at start-up

@@ -1,0 +1,83 @@
+"""uvicorn, with a drain before it stops: SIGTERM turns /ready to 503 at once and lets admitted work finish.
+
+Plain uvicorn stops listening the moment SIGTERM arrives, so a load balancer polling /ready sees refused
+connections rather than a 503, and a request arriving a millisecond late gets a reset rather than an
+answer. Here the first SIGTERM (or Ctrl-C) instead marks the app not ready and draining (new work: 503),
+waits for admitted requests to finish within the grace period, and only then hands over to uvicorn's own
+graceful shutdown (stop listening, close idle connections, run the lifespan, which drains the batchers)
+with what is left of the grace period. A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import sys
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.api.drain import DrainGate
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+STARTUP_FAILURE = 3  # what uvicorn.run exits with when the app cannot start
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, grace_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._gate: DrainGate = app.state.drain
+        self.grace_s = grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._draining = False
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Runs in the signal handler: set flags, then let the loop do the rest."""
+        if self._draining or not self.started or self._loop is None:
+            super().handle_exit(sig, frame)  # during start-up, or a second signal: uvicorn's own way
+            return
+        self._draining = True
+        self._app.state.ready = False
+        self._gate.begin()
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain_then_exit(sig))
+
+    async def _drain_then_exit(self, sig: int) -> None:
+        started = time.monotonic()
+        log.info("draining for shutdown: %d request(s) in flight", self._gate.in_flight)
+        if await self._gate.wait_idle(self.grace_s):
+            log.info("drained in %.2f s", time.monotonic() - started)
+        else:
+            log.warning("grace period over with %d request(s) still in flight", self._gate.in_flight)
+        left = self.grace_s - (time.monotonic() - started)
+        self.config.timeout_graceful_shutdown = max(0, math.ceil(left))
+        super().handle_exit(sig, None)
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    """Run `app` until a signal, then drain and stop; exits like uvicorn.run when start-up fails."""
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # the app writes its own access lines (service.api.access)
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+    )
+    server = DrainingServer(config, app, settings.shutdown_grace_s)
+    server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
