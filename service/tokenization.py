@@ -64,6 +64,14 @@ class TextEncoder:
             tokenizer.no_padding()
             tokenizer.enable_truncation(self.max_length, stride=stride, strategy="only_second")
             self._windowed[stride] = tokenizer
+        question_tokens = len(tokenizer.encode(question, add_special_tokens=False).ids)
+        special = tokenizer.post_processor.num_special_tokens_to_add(True) if tokenizer.post_processor else 0
+        room = self.max_length - question_tokens - special
+        if room <= stride:  # tokenizers would panic (a BaseException) rather than raise
+            raise ValueError(
+                f"the question takes {question_tokens} of the model's {self.max_length} tokens, leaving "
+                f"{max(room, 0)} for the context; it needs more than the window overlap of {stride}"
+            )
         first = tokenizer.encode(question, context)
         return [self._convert(e) for e in (first, *first.overflowing)]
 

@@ -151,6 +151,7 @@ def test_generate_is_greedy_pytorch(client: TestClient, tiny_models: dict[str, P
         ("/v1/qa", {"question": "", "context": "x"}, 422, "question"),
         ("/v1/qa", {"question": "Who?", "context": "x", "top_k": 0}, 422, "top_k"),
         ("/v1/qa", {"question": "Who? " * 200, "context": "x"}, 422, "question too long"),
+        ("/v1/qa", {"question": "who " * 40, "context": "Acme was founded in 1950. " * 9}, 422, "leaving"),
         ("/v1/generate", {"prompt": ""}, 422, "prompt"),
         ("/v1/generate", {"prompt": "word " * 300}, 422, "window is 64 tokens"),
         ("/v1/generate", {"prompt": "hi", "max_new_tokens": 0}, 422, "max_new_tokens"),
