@@ -19,7 +19,7 @@ BIN       := $(VENV)/bin
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
 
-.PHONY: serve test models lint install
+.PHONY: serve test models lint install bench
 
 serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT (builds the demo if missing)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
@@ -32,6 +32,12 @@ models: $(INSTALLED)                     ## train the demo teacher/student and e
 	$(BIN)/python -m training demo --out $(DEMO_DIR)
 	$(BIN)/python -m export $(DEMO_DIR)/text-classification/student --task text-classification \
 		--name sentiment --repository $(MODEL_REPOSITORY) --variants fp32,int8
+
+bench: $(INSTALLED)                      ## engine + service benchmarks, one run (nothing else on the machine)
+	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m loadtests.engine_bench run --demo $(DEMO_DIR) --out docs/bench/engines.md
+	$(BIN)/python -m loadtests.http_bench run --repository $(MODEL_REPOSITORY) --demo $(DEMO_DIR) --out docs/bench
 
 lint: $(INSTALLED)                       ## ruff and mypy
 	$(BIN)/ruff check .

@@ -9,17 +9,7 @@ import random
 
 from locust import HttpUser, between, task
 
-OPENINGS = ["I loved this film", "A dull, terrible film", "The acting was superb", "What a waste of time"]
-MIDDLES = [", and the music was", ", although the plot was", ". The ending felt", "; the cast seemed"]
-ENDINGS = [" wonderful.", " boring.", " brilliant and moving.", " painfully slow and predictable."]
-
-
-def review(rng: random.Random) -> str:
-    """Mixed lengths, like real traffic: one to four clauses."""
-    parts = [rng.choice(OPENINGS)]
-    for _ in range(rng.randint(0, 3)):
-        parts.append(rng.choice(MIDDLES) + rng.choice(ENDINGS))
-    return "".join(parts)
+from loadtests.texts import review
 
 
 class ClassifyUser(HttpUser):

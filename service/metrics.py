@@ -76,6 +76,18 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
+        self.batch_real_tokens = Counter(
+            "distilserve_batch_real_tokens",
+            "Real (unpadded) tokens sent to the engine.",
+            ["model"],
+            registry=r,
+        )
+        self.batch_padded_tokens = Counter(
+            "distilserve_batch_padded_tokens",
+            "Tokens the engine computed, padding included.",
+            ["model"],
+            registry=r,
+        )
         self.batch_failures = Counter(
             "distilserve_batch_failures",
             "Engine calls that failed.",
@@ -162,6 +174,8 @@ class Metrics:
         self.batch_size.labels(model).observe(stats.size)
         self.batch_tokens.labels(model).observe(stats.padded_tokens)
         self.padding_ratio.labels(model).observe(1.0 - stats.real_tokens / stats.padded_tokens)
+        self.batch_real_tokens.labels(model).inc(stats.real_tokens)
+        self.batch_padded_tokens.labels(model).inc(stats.padded_tokens)
         self.inference_duration.labels(model).observe(stats.run_s)
         for wait in stats.queue_wait_s:
             self.queue_duration.labels(model).observe(wait)

@@ -1,0 +1,479 @@
+"""`make bench`: the service under load over HTTP, in one run, against its own engine and a naive server.
+
+    python -m loadtests.http_bench --repository models --demo build/demo --out docs/bench
+
+- classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
+  DISTILSERVE_MAX_BATCH_SIZE=1 vs a naive FastAPI + transformers pipeline server, at 1, 8 and 64 connections,
+  driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
+  batch size in a separate process; padding efficiency and mean batch size from the service's own metrics;
+- QA and fill-mask at 8 connections;
+- generation: aggregate tokens/s and time to first token at 1, 4 and 16 streams, continuous batching vs
+  DISTILSERVE_GEN_MAX_BATCH=1.
+Every figure comes from this one run; nothing else should run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from loadtests.texts import CONTEXT, QUESTIONS, reviews
+
+console = Console(stderr=True)
+app = typer.Typer(add_completion=False, help=__doc__)
+
+WRK_SCRIPT = r"""
+local bodies = {}
+for line in io.lines(os.getenv("BENCH_BODIES")) do bodies[#bodies + 1] = line end
+local path = os.getenv("BENCH_PATH")
+local headers = {["Content-Type"] = "application/json"}
+request = function() return wrk.format("POST", path, headers, bodies[math.random(#bodies)]) end
+done = function(summary, latency, requests)
+  io.write(string.format(
+    'BENCH {"requests":%d,"duration_us":%d,"p50_us":%d,"p99_us":%d,"status_errors":%d,"socket_errors":%d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99), summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+"""
+
+
+@dataclass
+class LoadResult:
+    server: str
+    connections: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    client_cpu: float  # share of the machine's cores the load generator used
+    mean_batch: float | None = None
+    padding_efficiency: float | None = None
+
+
+# -- processes ------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} did not become ready")
+
+
+@contextmanager
+def serve(repository: Path, env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "service", "--port", str(port), "--model-repository", str(repository)]
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, "DISTILSERVE_LOG_LEVEL": "warning", **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{base}/ready", process)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+@contextmanager
+def serve_naive(model_dir: Path) -> Iterator[str]:
+    port = free_port()
+    command = [sys.executable, "-m", "loadtests.naive_server", str(model_dir), "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.post(f"{base}/v1/classify", json={"inputs": "warm up"}, timeout=5)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the naive server did not start") from None
+                time.sleep(0.5)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def wrk(base: str, path: str, bodies: list[str], connections: int, seconds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script, body_file = Path(tmp) / "bench.lua", Path(tmp) / "bodies.jsonl"
+        script.write_text(WRK_SCRIPT)
+        body_file.write_text("\n".join(bodies) + "\n")
+        threads = min(2, connections)
+        command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--timeout", "30s"]
+        command += ["-s", str(script), base]
+        env = {**os.environ, "BENCH_BODIES": str(body_file), "BENCH_PATH": path}
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        _, _, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        output = process.stdout.read() if process.stdout else ""
+    line = next((x for x in output.splitlines() if x.startswith("BENCH ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk failed:\n{output}")
+    result = json.loads(line[len("BENCH ") :])
+    result["client_cpu"] = (usage.ru_utime + usage.ru_stime) / wall / (os.cpu_count() or 1)
+    return result
+
+
+def metric_totals(base: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def load(name: str, base: str, path: str, bodies: list[str], connections: int, seconds: int) -> LoadResult:
+    before = metric_totals(base) if name != "naive" else {}
+    out = wrk(base, path, bodies, connections, seconds)
+    result = LoadResult(
+        server=name,
+        connections=connections,
+        rps=out["requests"] / (out["duration_us"] / 1e6),
+        p50_ms=out["p50_us"] / 1000,
+        p99_ms=out["p99_us"] / 1000,
+        errors=out["status_errors"] + out["socket_errors"],
+        client_cpu=out["client_cpu"],
+    )
+    if name != "naive":
+        after = metric_totals(base)
+
+        def delta(key: str) -> float:
+            return after.get(key, 0.0) - before.get(key, 0.0)
+
+        calls = delta("distilserve_batch_size_count")
+        result.mean_batch = delta("distilserve_batch_size_sum") / calls if calls else None
+        padded = delta("distilserve_batch_padded_tokens_total")
+        result.padding_efficiency = delta("distilserve_batch_real_tokens_total") / padded if padded else None
+    console.print(
+        f"  {name:>12} c={connections:<3} {result.rps:8.1f} req/s  p50 {result.p50_ms:6.1f} ms  "
+        f"p99 {result.p99_ms:7.1f} ms  errors {result.errors}"
+    )
+    return result
+
+
+# -- raw engine -----------------------------------------------------------------------------------------
+
+
+def raw_throughput(
+    version_dir: Path, texts: list[str], batch: int, threads: int, seconds: float = 4.0
+) -> float:
+    """Sequences/s of ONNX Runtime alone over `texts`, batches of similar lengths padded to their longest."""
+    from service.engine import OrtEngine
+    from service.repository import read_version
+    from service.runtime import choose_variant
+    from service.tokenization import TextEncoder, pad_batch
+
+    version = read_version(version_dir)
+    m = version.manifest
+    engine = OrtEngine(
+        version.file(m.variants[choose_variant(m, "auto", on_gpu=False)].file),
+        device="cpu",
+        intra_op_threads=threads,
+    )
+    encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
+    rows = sorted(encoder.encode(texts), key=len)
+    batches = [pad_batch(rows[i : i + batch], m.tokenizer.pad_token_id) for i in range(0, len(rows), batch)]
+    random.Random(0).shuffle(batches)
+    names = set(engine.input_names)
+    done, started, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - started < seconds or done < 2 * batch:
+        feeds = batches[i % len(batches)]
+        engine.run({k: v for k, v in feeds.items() if k in names})
+        done += feeds["input_ids"].shape[0]
+        i += 1
+    return done / (time.perf_counter() - started)
+
+
+@app.command("raw", hidden=True)
+def raw_command(version_dir: Path, batch: int, threads: int = 2) -> None:
+    print(raw_throughput(version_dir, reviews(2000, seed=1), batch, threads))
+
+
+def raw_in_process(version_dir: Path, batch: int) -> float:
+    command = [sys.executable, "-m", "loadtests.http_bench", "raw", str(version_dir), str(batch)]
+    return float(
+        subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    )
+
+
+# -- generation -----------------------------------------------------------------------------------------
+
+
+async def _stream_client(base: str, model: str, until: float, prompts: list[str], out: list[dict]) -> None:
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+        rng = random.Random(len(out))
+        while time.perf_counter() < until:
+            body = {"model": model, "prompt": rng.choice(prompts), "max_new_tokens": 64, "stream": True}
+            started, first, tokens, ok = time.perf_counter(), None, 0, False
+            async with client.stream("POST", "/v1/generate", json=body) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if "finish_reason" in event:
+                        ok = True
+                    elif "token" in event:
+                        first = first or time.perf_counter()
+                        tokens += 1
+            out.append(
+                {
+                    "ttft": (first or time.perf_counter()) - started,
+                    "tokens": tokens,
+                    "ok": ok,
+                    "ended": time.perf_counter(),
+                }
+            )
+
+
+def generation_load(base: str, model: str, streams: int, seconds: int) -> dict[str, float]:
+    prompts = reviews(200, seed=3, max_clauses=2)
+    records: list[dict] = []
+
+    async def main() -> None:
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(_stream_client(base, model, until, prompts, records) for _ in range(streams)))
+
+    started = time.perf_counter()
+    asyncio.run(main())
+    wall = time.perf_counter() - started
+    ttfts = sorted(r["ttft"] * 1000 for r in records)
+    return {
+        "streams": streams,
+        "tokens_per_s": sum(r["tokens"] for r in records) / wall,
+        "ttft_p50_ms": statistics.median(ttfts),
+        "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "requests": len(records),
+        "errors": sum(not r["ok"] for r in records),
+    }
+
+
+# -- models -----------------------------------------------------------------------------------------------
+
+
+def minilm_shaped(demo: Path, repository: Path) -> None:
+    """A classifier of all-MiniLM-L6-v2's shape (6 x 384, 12 heads) with random weights: its speed, no hub."""
+    if (repository / "minilm-shaped").is_dir():
+        return
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from export.pipeline import export_model
+
+    tokenizer = AutoTokenizer.from_pretrained(demo / "text-classification" / "student")
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        BertForSequenceClassification(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        export_model(Path(tmp), "text-classification", "minilm-shaped", repository, ("fp32", "int8"))
+
+
+# -- report -------------------------------------------------------------------------------------------------
+
+
+def render(classification: dict[str, Any], others: list[LoadResult], generation: list[dict]) -> str:
+    lines = ["# Service benchmark (`make bench`)", ""]
+    for model, section in classification.items():
+        raw = section["raw"]
+        best = max(raw.values())
+        lines += [
+            f"## Classification: {model}",
+            "",
+            "Raw engine (ONNX Runtime alone, separate process, length-grouped batches), sequences/s: "
+            + ", ".join(f"b{b} {v:.0f}" for b, v in raw.items())
+            + f"; best {best:.0f}.",
+            "",
+            "| server | clients | req/s | p50 ms | p99 ms | errors | mean batch | padding eff. | "
+            "vs best raw | wrk CPU |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in section["load"]:
+            mean = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
+            eff = "-" if r.padding_efficiency is None else f"{r.padding_efficiency:.2f}"
+            lines.append(
+                f"| {r.server} | {r.connections} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
+                f"{r.errors} | {mean} | {eff} | {r.rps / best:.2f} | {r.client_cpu:.0%} |"
+            )
+        lines.append("")
+    lines += [
+        "## QA and fill-mask (8 clients)",
+        "",
+        "| task | req/s | p50 ms | p99 ms | errors | mean batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in others:
+        mean = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
+        lines.append(f"| {r.server} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} | {mean} |")
+    lines += [
+        "",
+        "## Generation (64 new tokens per request, streamed)",
+        "",
+        "| engine | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | requests | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for g in generation:
+        lines.append(
+            f"| {g['engine']} | {g['streams']} | {g['tokens_per_s']:.0f} | {g['ttft_p50_ms']:.1f} | "
+            f"{g['ttft_p99_ms']:.1f} | {g['requests']} | {g['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(classification: dict[str, Any], generation: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(classification) + 1, figsize=(6 * (len(classification) + 1), 4.5))
+    for ax, (model, section) in zip(axes, classification.items(), strict=False):
+        for server in ("batching", "batch-1", "naive"):
+            rows = [r for r in section["load"] if r.server == server]
+            ax.plot([r.connections for r in rows], [r.rps for r in rows], marker="o", label=server)
+        ax.axhline(max(section["raw"].values()), linestyle="--", color="grey", label="best raw engine")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("requests/s")
+        ax.set_title(f"classify: {model}")
+        ax.legend()
+    ax = axes[-1]
+    for engine in ("continuous", "one-at-a-time"):
+        rows = [g for g in generation if g["engine"] == engine]
+        ax.plot([g["streams"] for g in rows], [g["tokens_per_s"] for g in rows], marker="o", label=engine)
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("generated tokens/s")
+    ax.set_title("generation")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+@app.command("run")
+def run(
+    repository: Annotated[Path, typer.Option(help="The demo model repository (make models).")] = Path(
+        "models"
+    ),
+    demo: Annotated[Path, typer.Option(help="The demo HF directories (for the naive baseline).")] = Path(
+        "build/demo"
+    ),
+    out: Annotated[Path, typer.Option(help="Directory for http.md, http.json and http.png.")] = Path(
+        "docs/bench"
+    ),
+    seconds: Annotated[int, typer.Option(help="Seconds per load level.")] = 10,
+) -> None:
+    """Run every measurement of the service benchmark once and write the report."""
+    bench_repo = Path("build/bench-models")
+    console.rule("models")
+    if bench_repo.exists():
+        shutil.rmtree(bench_repo)
+    shutil.copytree(repository, bench_repo)
+    minilm_shaped(demo, bench_repo)
+    bodies = [json.dumps({"inputs": t}) for t in reviews(2000, seed=2)]
+    classification: dict[str, Any] = {}
+    for model, hf_dir in (("sentiment", demo / "text-classification" / "student"), ("minilm-shaped", None)):
+        console.rule(f"classification: {model}")
+        version = max((bench_repo / model).iterdir(), key=lambda p: int(p.name))
+        raw = {b: raw_in_process(version, b) for b in (1, 8, 32, 64)}
+        console.print(f"  raw engine sequences/s: {raw}")
+        results = []
+        model_body = [json.dumps({"inputs": json.loads(b)["inputs"], "model": model}) for b in bodies]
+        for name, env in (("batching", {}), ("batch-1", {"DISTILSERVE_MAX_BATCH_SIZE": "1"})):
+            with serve(bench_repo, env) as base:
+                results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
+        if hf_dir is not None:
+            with serve_naive(hf_dir) as base:
+                results += [load("naive", base, "/v1/classify", bodies, c, seconds) for c in (1, 8, 64)]
+        classification[model] = {"raw": raw, "load": results}
+    others: list[LoadResult] = []
+    generation: list[dict] = []
+    with serve(bench_repo, {}) as base:
+        console.rule("QA and fill-mask")
+        qa = [json.dumps({"model": "qa", "question": q, "context": CONTEXT}) for q in QUESTIONS]
+        masks = [
+            json.dumps({"model": "fill-mask", "inputs": t.replace("film", "[MASK]", 1)})
+            for t in reviews(500, seed=4)
+            if "film" in t
+        ]
+        for task, path, task_bodies in (("qa", "/v1/qa", qa), ("fill-mask", "/v1/fill-mask", masks)):
+            result = load(task, base, path, task_bodies, 8, seconds)
+            others.append(result)
+    for engine, env in (("continuous", {}), ("one-at-a-time", {"DISTILSERVE_GEN_MAX_BATCH": "1"})):
+        console.rule(f"generation: {engine}")
+        with serve(bench_repo, env) as base:
+            for streams in (1, 4, 16):
+                g = generation_load(base, "lm", streams, seconds) | {"engine": engine}
+                console.print(
+                    f"  {engine} {streams} streams: {g['tokens_per_s']:.0f} tok/s, "
+                    f"TTFT p50 {g['ttft_p50_ms']:.0f} ms"
+                )
+                generation.append(g)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "http.md").write_text(render(classification, others, generation), encoding="utf-8")
+    raw_json = {
+        m: {"raw": s["raw"], "load": [asdict(r) for r in s["load"]]} for m, s in classification.items()
+    }
+    (out / "http.json").write_text(
+        json.dumps(
+            {"classification": raw_json, "others": [asdict(r) for r in others], "generation": generation},
+            indent=2,
+        )
+    )
+    plot(classification, generation, out / "http.png")
+    console.print(f"wrote {out / 'http.md'}, {out / 'http.json'} and {out / 'http.png'}")
+
+
+if __name__ == "__main__":
+    app()
