@@ -44,6 +44,7 @@ class BatchPolicy:
     max_batch_tokens: int = 8192
     max_wait_s: float = 0.0
     max_queue: int = 1024
+    min_padding_efficiency: float = 0.0  # real / padded tokens a batch must keep (0: any mix of lengths)
 
 
 @dataclass(frozen=True)
@@ -79,27 +80,31 @@ class _Pending(Generic[T, R]):
     timing: ItemTiming | None = None
 
 
-def select_batch(costs: Sequence[int], max_size: int, max_tokens: int) -> list[int]:
+def select_batch(
+    costs: Sequence[int], max_size: int, max_tokens: int, min_efficiency: float = 0.0
+) -> list[int]:
     """Indices (into FIFO-ordered costs) of the next batch.
 
-    The oldest item always goes (no starvation); it is joined by the items closest to it in length,
-    as long as the batch stays within `max_size` and `size x longest <= max_tokens`. Padding is paid to
-    the batch's longest item, so grouping by length is what keeps batching free.
+    The oldest item always goes (no starvation); it is joined by the items closest to it in length, as long
+    as the batch stays within `max_size`, `size x longest <= max_tokens`, and real tokens / padded tokens
+    >= `min_efficiency`. Padding is paid to the batch's longest item, so grouping by length is what keeps
+    batching free; an item that would cost too much padding waits for a batch of its own length.
     """
     if not costs:
         return []
     anchor = costs[0]
     chosen = [0]
-    longest = anchor
+    longest, real = anchor, anchor
     by_closeness = sorted(range(1, len(costs)), key=lambda i: (abs(costs[i] - anchor), i))
     for i in by_closeness:
         if len(chosen) >= max_size:
             break
         new_longest = max(longest, costs[i])
-        if new_longest * (len(chosen) + 1) > max_tokens:
+        padded = new_longest * (len(chosen) + 1)
+        if padded > max_tokens or (real + costs[i]) < min_efficiency * padded:
             continue
         chosen.append(i)
-        longest = new_longest
+        longest, real = new_longest, real + costs[i]
     return sorted(chosen)
 
 

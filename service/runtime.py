@@ -216,6 +216,7 @@ def load_model(
             max_batch_tokens=settings.max_batch_tokens,
             max_wait_s=settings.max_wait_ms / 1000.0,
             max_queue=settings.max_queue,
+            min_padding_efficiency=settings.min_padding_efficiency,
         )
         served.batcher = MicroBatcher(
             served.runner,

@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(
         0.0, ge=0, description="Extra wait for a fuller batch, only under load; 0 = never wait."
     )
+    min_padding_efficiency: float = Field(
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="Real / padded tokens a batch must keep; sequences of other lengths wait for their own batch.",
+    )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")
     gen_max_batch: int = Field(16, ge=1, description="Sequences decoded together by the generation engine.")

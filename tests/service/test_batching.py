@@ -130,6 +130,17 @@ def test_select_batch_keeps_the_oldest_and_groups_similar_lengths() -> None:
     assert select_batch([], max_size=8, max_tokens=100) == []
 
 
+def test_select_batch_keeps_padding_within_the_efficiency_floor() -> None:
+    costs = [10, 30, 11, 9, 12, 28]
+    chosen = select_batch(costs, max_size=8, max_tokens=10_000, min_efficiency=0.8)
+    assert sorted(costs[i] for i in chosen) == [9, 10, 11, 12]  # 30 and 28 would pad the short ones 3x
+    picked = [costs[i] for i in chosen]
+    assert sum(picked) / (len(picked) * max(picked)) >= 0.8
+    # The long ones then form their own efficient batch.
+    rest = [30, 28]
+    assert select_batch(rest, max_size=8, max_tokens=10_000, min_efficiency=0.8) == [0, 1]
+
+
 def test_a_failing_batch_fails_only_its_own_requests() -> None:
     engine = FakeEngine(poison="bad")
     engine.release.clear()
