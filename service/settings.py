@@ -39,7 +39,7 @@ class Settings(BaseSettings):
         0.8,
         ge=0.0,
         le=1.0,
-        description="Real / padded tokens a batch must keep; sequences of other lengths wait for their own batch.",
+        description="Real / padded tokens a batch keeps; other lengths wait for a batch of their own.",
     )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")

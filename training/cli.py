@@ -1,4 +1,8 @@
-"""`python -m training teacher|distill|demo`: parse and check the options, then hand over to training.runs."""
+"""`python -m training teacher|distill|demo`: parse and check the options, then hand over to training.runs.
+
+Options a task has its own default for (epochs, learning rate, temperature, loss weights) default to None
+here and are filled in from `training.recipes.DEFAULTS`, so the CLI and the library share one table.
+"""
 
 from __future__ import annotations
 
@@ -14,18 +18,23 @@ from rich.console import Console
 
 from training.demo import SUPPORTED_TASKS, run_demo
 from training.models import PRESETS
-from training.runs import TASKS, DistillConfig, distill, train_teacher
+from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
+from training.runs import TASKS, distill, train_teacher
 from training.trainer import TrainConfig
 
 app = typer.Typer(
-    help="Distil BERT-style teachers into small students (PyTorch + HF transformers).",
+    help="Distil BERT/GPT-2 teachers into small students (PyTorch + HF transformers), for four tasks.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-DATA_HELP = "a .jsonl file of {text, label} rows, or an SST-2 style .tsv/.csv with sentence and label columns"
+DATA_HELP = (
+    "text-classification: a .jsonl file of {text, label} rows or an SST-2 style .tsv/.csv (sentence, label); "
+    "question-answering: SQuAD v1.1 .json; fill-mask and text-generation: plain text, one paragraph per line"
+)
 MIXED_PRECISION = ("no", "fp16", "bf16")
+DEFAULTS_HELP = "Per-task defaults (any flag overrides them):\n\n" + describe().replace("\n", "\n\n")
 
 
 def _available_cores() -> int:
@@ -56,6 +65,12 @@ def _check_task(task: str) -> str:
     return task
 
 
+def _check_hidden_loss(value: str | None) -> HiddenLoss | None:
+    if value is not None and value not in HIDDEN_LOSSES:
+        raise typer.BadParameter(f"choose one of {', '.join(HIDDEN_LOSSES)}", param_hint="--hidden-loss")
+    return cast(HiddenLoss | None, value)
+
+
 def _check_precision(value: str) -> Literal["no", "fp16", "bf16"]:
     if value not in MIXED_PRECISION:
         raise typer.BadParameter(
@@ -80,7 +95,7 @@ TrainOpt = typer.Option(None, "--train", exists=True, dir_okay=False, help=f"Tra
 EvalOpt = typer.Option(
     None, "--eval", exists=True, dir_okay=False, help="Evaluation data (same formats); every score uses it."
 )
-EpochsOpt = typer.Option(3, "--epochs", min=1, help="Passes over the training data.")
+EpochsOpt = typer.Option(None, "--epochs", min=1, help="Passes over the training data (default: per task).")
 BatchOpt = typer.Option(32, "--batch-size", min=1, help="Examples per micro-batch (per device).")
 SeedOpt = typer.Option(0, "--seed", help="Seed for initialisation, shuffling and dropout.")
 MaxLenOpt = typer.Option(128, "--max-length", min=8, help="Truncate inputs to this many tokens.")
@@ -95,9 +110,62 @@ CpuOpt = typer.Option(False, "--cpu", help="Train on CPU even when a GPU is pres
 ThreadsOpt = typer.Option(
     None, "--threads", min=1, help="CPU threads for PyTorch (default: available cores)."
 )
+PatienceOpt = typer.Option(
+    None,
+    "--early-stop-patience",
+    min=1,
+    help="Stop after this many epochs without a better eval score (the task's metric); keeps the best.",
+)
+CheckpointDirOpt = typer.Option(
+    None, "--checkpoint-dir", file_okay=False, help="Save the full training state here after every epoch."
+)
+CheckpointEveryOpt = typer.Option(
+    None, "--checkpoint-every", min=1, help="Also checkpoint every this many optimiser steps."
+)
+ResumeOpt = typer.Option(
+    None,
+    "--resume",
+    help="Continue an interrupted run: 'latest' (newest checkpoint in --checkpoint-dir) or a step-N dir.",
+)
 
 
-@app.command()
+def _train_config(
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    grad_accum: int,
+    warmup_ratio: float,
+    weight_decay: float,
+    max_steps: int | None,
+    mixed_precision: str,
+    cpu: bool,
+    early_stop_patience: int | None,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int | None,
+    resume: str | None,
+) -> TrainConfig:
+    """The loop's recipe from the options both commands share (TrainConfig checks their combination)."""
+    return TrainConfig(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        grad_accum_steps=grad_accum,
+        warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay,
+        max_steps=max_steps,
+        mixed_precision=_check_precision(mixed_precision),
+        cpu=cpu,
+        early_stop_patience=early_stop_patience,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        checkpoint_every_steps=checkpoint_every,
+        resume=False if resume is None else True if resume == "latest" else resume,
+    )
+
+
+@app.command(epilog=DEFAULTS_HELP)
 def teacher(
     out: Path = typer.Option(..., "--out", file_okay=False, help="Output HF model directory."),
     task: str = TaskOpt,
@@ -107,15 +175,15 @@ def teacher(
         None, "--preset", help=f"Train from scratch with a config preset: {', '.join(PRESETS)}."
     ),
     model: str | None = typer.Option(None, "--model", help="Fine-tune a local HF directory or a hub id."),
-    epochs: int = EpochsOpt,
+    epochs: int | None = EpochsOpt,
     lr: float | None = typer.Option(
-        None, "--lr", help="Peak learning rate (default: 1e-3 with --preset, 5e-5 with --model)."
+        None, "--lr", help="Peak learning rate (default: per task, one for --preset, one for --model)."
     ),
     batch_size: int = BatchOpt,
     seed: int = SeedOpt,
     max_length: int = MaxLenOpt,
     vocab_size: int = typer.Option(
-        4000, "--vocab-size", min=100, help="WordPiece vocabulary size (--preset)."
+        4000, "--vocab-size", min=100, help="Vocabulary size (WordPiece or byte-level BPE) with --preset."
     ),
     grad_accum: int = AccumOpt,
     warmup_ratio: float = WarmupOpt,
@@ -124,9 +192,14 @@ def teacher(
     mixed_precision: str = PrecisionOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
+    early_stop_patience: int | None = PatienceOpt,
+    checkpoint_dir: Path | None = CheckpointDirOpt,
+    checkpoint_every: int | None = CheckpointEveryOpt,
+    resume: str | None = ResumeOpt,
 ) -> None:
     """Train a teacher from scratch (--preset) or fine-tune one (--model): HF dir + train_report.json."""
     task = _check_task(task)
+    task_defaults = defaults(task)
     train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
     if (preset is None) == (model is None):
         raise typer.BadParameter(
@@ -136,22 +209,26 @@ def teacher(
         raise typer.BadParameter(
             f"unknown preset {preset!r}; available: {', '.join(PRESETS)}", param_hint="--preset"
         )
-    cfg = TrainConfig(
-        epochs=epochs,
-        lr=lr if lr is not None else (1e-3 if preset else 5e-5),
-        batch_size=batch_size,
-        seed=seed,
-        grad_accum_steps=grad_accum,
-        warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay,
-        max_steps=max_steps,
-        mixed_precision=_check_precision(mixed_precision),
-        cpu=cpu,
-    )
     _setup_threads(threads)
     console = Console()
     source = preset if preset is not None else str(model)
     with _user_errors(console):
+        cfg = _train_config(
+            epochs=epochs if epochs is not None else task_defaults.epochs,
+            lr=lr if lr is not None else (task_defaults.preset_lr if preset else task_defaults.finetune_lr),
+            batch_size=batch_size,
+            seed=seed,
+            grad_accum=grad_accum,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            max_steps=max_steps,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            early_stop_patience=early_stop_patience,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+        )
         train_teacher(
             task,
             train_path,
@@ -176,7 +253,7 @@ def _parse_layer_map(value: str | None) -> tuple[int, ...] | None:
         ) from err
 
 
-@app.command(name="distill")
+@app.command(name="distill", epilog=DEFAULTS_HELP)
 def distill_command(
     teacher: str = typer.Option(..., "--teacher", help="Trained teacher: an HF directory (or hub id)."),
     out: Path = typer.Option(
@@ -194,13 +271,28 @@ def distill_command(
     hidden_size: int | None = typer.Option(
         None, "--hidden-size", min=8, help="Narrower student (built from config, no weights copied)."
     ),
-    temperature: float = typer.Option(
-        2.0, "--temperature", min=0.01, help="Softmax temperature for soft targets."
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0.01, help="Softmax temperature for soft targets (default: per task)."
     ),
-    alpha_kd: float = typer.Option(0.5, "--alpha-kd", min=0.0, help="Weight of the T²-scaled KL term."),
-    alpha_hard: float = typer.Option(0.5, "--alpha-hard", min=0.0, help="Weight of the hard-label term."),
-    epochs: int = EpochsOpt,
-    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate."),
+    alpha_kd: float | None = typer.Option(
+        None, "--alpha-kd", min=0.0, help="Weight of the T²-scaled KL term (default: per task)."
+    ),
+    alpha_hard: float | None = typer.Option(
+        None, "--alpha-hard", min=0.0, help="Weight of the hard-label term (default: per task)."
+    ),
+    alpha_hidden: float | None = typer.Option(
+        None,
+        "--alpha-hidden",
+        min=0.0,
+        help="Weight of the hidden-state alignment term; 0 turns it off (default: per task).",
+    ),
+    hidden_loss: str | None = typer.Option(
+        None,
+        "--hidden-loss",
+        help="Hidden-state distance, cosine or mse (default: per task); narrow students add a projection.",
+    ),
+    epochs: int | None = EpochsOpt,
+    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (default: per task)."),
     batch_size: int = BatchOpt,
     seed: int = SeedOpt,
     max_length: int = MaxLenOpt,
@@ -211,33 +303,45 @@ def distill_command(
     mixed_precision: str = PrecisionOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
+    early_stop_patience: int | None = PatienceOpt,
+    checkpoint_dir: Path | None = CheckpointDirOpt,
+    checkpoint_every: int | None = CheckpointEveryOpt,
+    resume: str | None = ResumeOpt,
 ) -> None:
     """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
     task = _check_task(task)
     train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
-    student = DistillConfig(
+    student = distill_config(
+        task,
         layers=layers,
         layer_map=_parse_layer_map(layer_map),
         hidden_size=hidden_size,
         temperature=temperature,
         alpha_kd=alpha_kd,
         alpha_hard=alpha_hard,
+        alpha_hidden=alpha_hidden,
+        hidden_loss=_check_hidden_loss(hidden_loss),
     )
-    cfg = TrainConfig(
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        grad_accum_steps=grad_accum,
-        warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay,
-        max_steps=max_steps,
-        mixed_precision=_check_precision(mixed_precision),
-        cpu=cpu,
-    )
+    task_defaults = defaults(task)
     _setup_threads(threads)
     console = Console()
     with _user_errors(console):
+        cfg = _train_config(
+            epochs=epochs if epochs is not None else task_defaults.epochs,
+            lr=lr if lr is not None else task_defaults.student_lr,
+            batch_size=batch_size,
+            seed=seed,
+            grad_accum=grad_accum,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            max_steps=max_steps,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            early_stop_patience=early_stop_patience,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+        )
         distill(
             task,
             teacher,
@@ -263,7 +367,7 @@ def demo(
     quick: bool = typer.Option(False, "--quick", help="Tiny preset and few steps: seconds, for tests."),
     threads: int | None = ThreadsOpt,
 ) -> None:
-    """Generate demo data, train a WordPiece tokenizer and a from-scratch teacher, distil a student."""
+    """Per task: generate demo data, train a tokenizer and a from-scratch teacher, distil a student."""
     _setup_threads(threads)
     console = Console()
     chosen = [t.strip() for t in tasks.split(",") if t.strip()]

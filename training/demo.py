@@ -1,28 +1,32 @@
-"""The demo: seeded data -> WordPiece vocabulary -> from-scratch teacher -> distilled student, no hub needed.
+"""The demo: seeded data -> vocabulary -> from-scratch teacher -> distilled student, per task, no hub needed.
 
-`build_demo_pair` is the quick version other stages' tests reuse to get a real teacher/student pair of
-HF directories in a few seconds.
+`build_demo_pair` (classification) and `build_demo_pairs` (any tasks) are the quick versions other stages'
+tests reuse to get real teacher/student pairs of HF directories in a few seconds each.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from training.data.demo import write_demo_data
-from training.runs import DistillConfig, distill, train_teacher
+from training.data.demo import DemoFiles, write_demo_data
+from training.recipes import DistillConfig
+from training.runs import distill, train_teacher
+from training.showcase import showcase
 from training.trainer import TrainConfig
 
 
 @dataclass(frozen=True)
 class DemoRecipe:
-    """Everything that differs between the full demo and the quick one."""
+    """Everything that differs between tasks, and between the full demo and the quick one."""
 
     preset: str
-    examples: int  # classification examples, train + eval
     vocab_size: int
     max_length: int
     teacher: TrainConfig
@@ -30,28 +34,63 @@ class DemoRecipe:
     distill: DistillConfig
 
 
-# Full: ~4M-parameter teacher, a 2-layer student; fits in about a minute on 2 CPU cores.
-FULL = DemoRecipe(
-    preset="bert-demo",
-    examples=4000,
-    vocab_size=2000,
-    max_length=64,
-    teacher=TrainConfig(epochs=2, lr=5e-4, batch_size=32, warmup_ratio=0.1),
-    student=TrainConfig(epochs=2, lr=5e-4, batch_size=32, warmup_ratio=0.1),
-    distill=DistillConfig(layers=2, temperature=2.0, alpha_kd=0.5, alpha_hard=0.5),
-)
-# Quick: a tiny teacher and a 1-layer student, a few seconds in all (tests).
-QUICK = DemoRecipe(
-    preset="bert-tiny",
-    examples=600,
-    vocab_size=500,
-    max_length=48,
-    teacher=TrainConfig(epochs=2, lr=3e-3, batch_size=32, warmup_ratio=0.1),
-    student=TrainConfig(epochs=1, lr=3e-3, batch_size=32, warmup_ratio=0.1),
-    distill=DistillConfig(layers=1, temperature=2.0, alpha_kd=0.5, alpha_hard=0.5),
-)
+def _recipe(
+    preset: str,
+    vocab_size: int,
+    max_length: int,
+    epochs: tuple[int, int],
+    lr: tuple[float, float],
+    distill: DistillConfig,
+) -> DemoRecipe:
+    """(teacher, student) epochs and learning rates; batches of 32 with 10 % warmup throughout."""
+    return DemoRecipe(
+        preset,
+        vocab_size,
+        max_length,
+        TrainConfig(epochs=epochs[0], lr=lr[0], batch_size=32, warmup_ratio=0.1),
+        TrainConfig(epochs=epochs[1], lr=lr[1], batch_size=32, warmup_ratio=0.1),
+        distill,
+    )
 
-SUPPORTED_TASKS = ("text-classification",)
+
+# Full: ~4M-parameter teachers and 2-layer students; all four tasks fit in a few minutes on 2 CPU cores.
+FULL: dict[str, DemoRecipe] = {
+    "text-classification": _recipe(
+        "bert-demo", 2000, 64, (2, 2), (5e-4, 5e-4), DistillConfig(layers=2, temperature=2.0)
+    ),
+    "fill-mask": _recipe(
+        "bert-demo", 2000, 64, (4, 2), (1e-3, 5e-4), DistillConfig(layers=2, temperature=2.0)
+    ),
+    "text-generation": _recipe(
+        "gpt2-demo", 2000, 64, (4, 2), (1e-3, 5e-4), DistillConfig(layers=2, temperature=1.0)
+    ),
+}
+# Quick: tiny teachers and 1-layer students, a few seconds per task (tests).
+QUICK: dict[str, DemoRecipe] = {
+    "text-classification": _recipe(
+        "bert-tiny", 500, 48, (2, 1), (3e-3, 3e-3), DistillConfig(layers=1, temperature=2.0)
+    ),
+    "fill-mask": _recipe(
+        "bert-tiny", 500, 48, (1, 1), (3e-3, 3e-3), DistillConfig(layers=1, temperature=2.0)
+    ),
+    "text-generation": _recipe(
+        "gpt2-tiny", 500, 48, (1, 1), (3e-3, 3e-3), DistillConfig(layers=1, temperature=1.0)
+    ),
+}
+SUPPORTED_TASKS = tuple(FULL)
+
+# Examples per split family (train + eval): classification reviews, QA questions, text lines.
+FULL_SIZES = {"n_classification": 4000, "n_qa": 1500, "n_text_lines": 4000}
+QUICK_SIZES = {"n_classification": 600, "n_qa": 100, "n_text_lines": 150}
+
+
+def _splits(files: DemoFiles, task: str) -> tuple[Path, Path]:
+    """The (train, eval) files a task reads: reviews, SQuAD JSON, or plain text lines (MLM and LM)."""
+    if task == "text-classification":
+        return files.classification_train, files.classification_eval
+    if task == "question-answering":
+        return files.qa_train, files.qa_eval
+    return files.text_train, files.text_eval
 
 
 def run_demo(
@@ -62,7 +101,8 @@ def run_demo(
     quick: bool = False,
     console: Console | None = None,
 ) -> dict[str, tuple[Path, Path]]:
-    """Write demo data under out_dir/data and a teacher/student pair per task under out_dir/<task>/.
+    """Write demo data under out_dir/data and a teacher/student pair per task under out_dir/<task>/, plus
+    out_dir/demo_summary.json (wall time, scores and the students' answers to canonical inputs).
 
     Returns {task: (teacher_dir, student_dir)}.
     """
@@ -70,19 +110,15 @@ def run_demo(
     unknown = [t for t in tasks if t not in SUPPORTED_TASKS]
     if unknown:
         raise ValueError(f"the demo has no {unknown} yet; available: {', '.join(SUPPORTED_TASKS)}")
-    recipe = QUICK if quick else FULL
+    recipes = QUICK if quick else FULL
     root = Path(out_dir)
     console.rule(f"demo data (seed {seed})")
-    files = write_demo_data(
-        root / "data",
-        seed=seed,
-        n_classification=recipe.examples,
-        n_qa=100 if quick else 1500,
-        n_text_lines=100 if quick else 4000,
-    )
+    files = write_demo_data(root / "data", seed=seed, **(QUICK_SIZES if quick else FULL_SIZES))
     pairs: dict[str, tuple[Path, Path]] = {}
+    summary: dict[str, Any] = {}
     for task in tasks:
-        train, evals = files.classification_train, files.classification_eval
+        started = time.perf_counter()
+        recipe, (train, evals) = recipes[task], _splits(files, task)
         teacher_dir, student_dir = root / task / "teacher", root / task / "student"
         console.rule(f"{task}: teacher ({recipe.preset}, from scratch)")
         train_teacher(
@@ -97,7 +133,7 @@ def run_demo(
             console=console,
         )
         console.rule(f"{task}: student ({recipe.distill.layers} layers)")
-        distill(
+        report = distill(
             task,
             teacher_dir,
             train,
@@ -109,11 +145,34 @@ def run_demo(
             console=console,
         )
         pairs[task] = (teacher_dir, student_dir)
+        summary[task] = _summary(report, teacher_dir, student_dir, time.perf_counter() - started)
+        for role in ("teacher", "student"):
+            console.print(f"{role}: {summary[task]['showcase'][role]}")
+    (root / "demo_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return pairs
+
+
+def _summary(report: dict[str, Any], teacher_dir: Path, student_dir: Path, seconds: float) -> dict[str, Any]:
+    """What a person checks first: how long it took, both scores, and what the models answer."""
+    task = report["task"]
+    return {
+        "seconds": round(seconds, 1),
+        "metric": report["metric"],
+        "teacher": report["teacher"]["score"],
+        "student": report["student"]["score"],
+        "agreement": report["agreement"],
+        "params": {"teacher": report["teacher"]["params"], "student": report["student"]["params"]},
+        "showcase": {"teacher": showcase(task, teacher_dir), "student": showcase(task, student_dir)},
+    }
+
+
+def build_demo_pairs(
+    out_dir: str | Path, tasks: Sequence[str], quick: bool = True, seed: int = 0
+) -> dict[str, tuple[Path, Path]]:
+    """Trained (teacher_dir, student_dir) pairs of HF dirs with reports, per task, for tests."""
+    return run_demo(out_dir, tasks, seed=seed, quick=quick, console=Console(quiet=True))
 
 
 def build_demo_pair(out_dir: str | Path, quick: bool = True, seed: int = 0) -> tuple[Path, Path]:
     """A trained text-classification (teacher_dir, student_dir) pair of HF dirs with reports, for tests."""
-    return run_demo(out_dir, [SUPPORTED_TASKS[0]], seed=seed, quick=quick, console=Console(quiet=True))[
-        SUPPORTED_TASKS[0]
-    ]
+    return build_demo_pairs(out_dir, ["text-classification"], quick=quick, seed=seed)["text-classification"]

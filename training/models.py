@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch.nn as nn
 from transformers import (
@@ -60,7 +61,7 @@ TASK_MODEL_CLASSES: dict[str, type[_BaseAutoModelClass]] = {
 
 
 def preset_family(name: str) -> str:
-    """"bert" or "gpt2" for a preset name."""
+    """The family of a preset, "bert" or "gpt2": its config class and the tokenizer it trains."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
     return name.split("-", 1)[0]
@@ -76,7 +77,8 @@ def preset_config(
     config_class = FAMILY_CONFIGS[preset_family(name)]
     ids = dict(token_ids) if token_ids is not None else {"pad_token_id": 0}
     labels = _labels(label_names) if label_names else {}
-    return config_class(vocab_size=vocab_size, **PRESETS[name], **ids, **labels)
+    kwargs: dict[str, Any] = {"vocab_size": vocab_size, **PRESETS[name], **ids, **labels}
+    return config_class(**kwargs)
 
 
 def _model_class(task: str) -> type[_BaseAutoModelClass]:

@@ -7,19 +7,19 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from transformers import PreTrainedTokenizerBase
 
 DISTILL_REPORT = "distill_report.json"
 TRAIN_REPORT = "train_report.json"
@@ -60,31 +60,44 @@ def now() -> str:
 @torch.inference_mode()
 def latency_ms(
     model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    texts: Sequence[str],
+    inputs: Mapping[str, torch.Tensor],
     *,
     batch_sizes: Sequence[int] = (1, 32),
-    max_length: int = 128,
     runs: int = 5,
 ) -> dict[str, float]:
-    """Median PyTorch CPU forward time per batch size, in ms (tokenisation excluded), after one warm-up."""
+    """Median PyTorch CPU forward time per batch size, in ms (tokenisation excluded), after one warm-up.
+
+    `inputs` is one batch of model inputs; each measured batch is its first rows (cycled when there are
+    fewer), cut to their longest real sequence, as a client's batch of that size would be padded.
+    """
     cpu_model = model if next(model.parameters()).device.type == "cpu" else copy.deepcopy(model).cpu()
     was_training = cpu_model.training
     cpu_model.eval()
+    available = next(iter(inputs.values())).size(0)
     result: dict[str, float] = {}
     for size in batch_sizes:
-        batch = [texts[i % len(texts)] for i in range(size)]
-        inputs = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        inputs = {k: v for k, v in inputs.items() if k in tokenizer.model_input_names}
-        cpu_model(**inputs)
+        index = torch.arange(size) % available
+        batch = {key: value[index].cpu() for key, value in inputs.items()}
+        if "attention_mask" in batch:
+            width = int(batch["attention_mask"].sum(1).max())
+            batch = {key: value[:, :width] if value.dim() == 2 else value for key, value in batch.items()}
+        cpu_model(**batch)
         times = []
         for _ in range(runs):
             started = time.perf_counter()
-            cpu_model(**inputs)
+            cpu_model(**batch)
             times.append((time.perf_counter() - started) * 1000)
         result[f"batch_{size}"] = round(statistics.median(times), 3)
     cpu_model.train(was_training)
     return result
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """Checksum of a data file, so a report says exactly which data it was trained on (None if unreadable)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def write_report(out_dir: str | Path, name: str, report: dict[str, Any]) -> Path:

@@ -6,16 +6,22 @@ then writes an HF model directory (model + fast tokenizer, so tokenizer.json exi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from accelerate.utils import set_seed
 from rich.console import Console
 from torch.utils.data import DataLoader
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
-from training import classification
+from training import classification, fill_mask, generation
 from training.models import (
     PRESETS,
     count_parameters,
@@ -23,43 +29,51 @@ from training.models import (
     load_teacher,
     load_trained,
     make_student,
+    preset_family,
 )
+from training.recipes import DistillConfig
 from training.report import (
     DISTILL_REPORT,
     TRAIN_REPORT,
+    file_sha256,
     git_revision,
     latency_ms,
     now,
     read_report,
     write_report,
 )
-from training.tokenizer import save_tokenizer, train_wordpiece
-from training.trainer import EvalFn, History, StepFn, TrainConfig, train
+from training.steps import HiddenAlignment, make_alignment, model_inputs, trains_with
+from training.tokenizer import TRAINERS, save_tokenizer, special_token_ids
+from training.trainer import Batch, EvalFn, StepFn, TrainConfig, train
+
+__all__ = ["TASKS", "DistillConfig", "Task", "distill", "get_task", "train_teacher"]
 
 
 class Task(Protocol):
-    """What a task module offers (see training/classification.py); data objects are the task's own type."""
+    """What a task module offers (training/classification.py, fill_mask.py, generation.py); data objects
+    are the task's own type. Its models load with `models.TASK_MODEL_CLASSES[TASK]`."""
 
-    TASK: str
-    METRIC: str
+    TASK: str  # the HF pipeline name: text-classification, question-answering, fill-mask, text-generation
+    METRIC: str  # the main metric, one of the keys evaluate() returns
+    HIGHER_IS_BETTER: bool  # False for perplexity
+    FAMILY: str  # "bert" or "gpt2": the presets (models.PRESETS) and tokenizer a from-scratch run uses
 
     def load_data(self, path: str | Path) -> Any: ...
-    def label_names(self, data: Any) -> list[str]: ...
-    def texts(self, data: Any) -> list[str]: ...
-    def sample_texts(self, data: Any, count: int, seed: int = 0) -> list[str]: ...
+    def label_names(self, data: Any) -> list[str]: ...  # a label head's classes; [] when there is none
+    def texts(self, data: Any) -> list[str]: ...  # what a from-scratch vocabulary is learnt from
     def make_loader(
         self,
         data: Any,
         tokenizer: PreTrainedTokenizerBase,
-        label2id: Any,
+        config: PretrainedConfig,
         *,
         batch_size: int,
         max_length: int,
         shuffle: bool,
         seed: int = 0,
-    ) -> DataLoader: ...
+    ) -> DataLoader: ...  # batches for the model `config` belongs to; evaluation (shuffle=False) is fixed
     def teacher_step(self, model: Any, batch: Any, teacher: Any = None) -> Any: ...
-    def distill_step(self, temperature: float, alpha_kd: float, alpha_hard: float) -> StepFn: ...
+    def distill_step(self, config: DistillConfig, alignment: HiddenAlignment | None = None) -> StepFn: ...
     def evaluate(
         self,
         model: Any,
@@ -68,7 +82,7 @@ class Task(Protocol):
         *,
         max_length: int = 128,
         batch_size: int = 64,
-    ) -> float: ...
+    ) -> dict[str, float]: ...
     def agreement(
         self,
         student: Any,
@@ -78,23 +92,14 @@ class Task(Protocol):
         *,
         max_length: int = 128,
         batch_size: int = 64,
-    ) -> float: ...
+    ) -> float: ...  # top-1 agreement on the task's logits (labels, masked tokens, next tokens, ...)
 
 
-TASKS: dict[str, Task] = {classification.TASK: classification}
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    """How the student is cut from the teacher and what it learns from: written into the report."""
-
-    layers: int = 2
-    # Teacher layers copied into the student; None: spread over the depth (models.default_layer_map).
-    layer_map: tuple[int, ...] | None = None
-    hidden_size: int | None = None  # narrower than the teacher: built from config, no weights copied
-    temperature: float = 2.0
-    alpha_kd: float = 0.5
-    alpha_hard: float = 0.5
+TASKS: dict[str, Task] = {
+    classification.TASK: classification,
+    fill_mask.TASK: fill_mask,
+    generation.TASK: generation,
+}
 
 
 def get_task(name: str) -> Task:
@@ -118,40 +123,69 @@ def _fast_tokenizer(source: str | Path) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def _new_tokenizer(task: Task, preset: str, texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """The vocabulary a from-scratch preset learns from the training texts (WordPiece or byte-level BPE)."""
+    family = preset_family(preset)
+    if family != task.FAMILY:
+        matching = [name for name in PRESETS if preset_family(name) == task.FAMILY]
+        raise ValueError(f"{task.TASK} trains {task.FAMILY} models: use a preset among {matching}")
+    return TRAINERS[family](texts, vocab_size)
+
+
+def _watch_task_metric(cfg: TrainConfig, task: Task) -> TrainConfig:
+    """Early stopping watches the task's main metric, in its direction, unless the caller chose one."""
+    if cfg.metric_name is not None:
+        return cfg
+    return replace(cfg, metric_name=task.METRIC, metric_mode="max" if task.HIGHER_IS_BETTER else "min")
+
+
 def _split_record(data: Any, task: Task) -> dict[str, Any]:
-    return {"source": str(data.source), "examples": len(task.texts(data))}
+    return {"source": str(data.source), "examples": len(task.texts(data)), "sha256": file_sha256(data.source)}
 
 
-def _score(history: History, metric: str, evaluate: EvalFn, model: PreTrainedModel) -> float:
-    """The last epoch's metric when the loop evaluated at the end of it, else a fresh evaluation."""
-    last = history.epochs[-1] if history.epochs else {}
-    return float(last[metric]) if metric in last else evaluate(model)[metric]
+def _model_record(model: PreTrainedModel, metrics: dict[str, float], task: Task) -> dict[str, Any]:
+    return {
+        "params": count_parameters(model),
+        "score": metrics[task.METRIC],
+        "metrics": metrics,
+        "layers": int(model.config.num_hidden_layers),
+        "hidden_size": int(model.config.hidden_size),
+    }
 
 
-def _loader_and_evaluator(
-    task: Task,
-    train_data: Any,
-    eval_data: Any,
-    tokenizer: PreTrainedTokenizerFast,
-    labelled_by: PreTrainedModel,
-    cfg: TrainConfig,
-    max_length: int,
-) -> tuple[DataLoader, EvalFn]:
-    """The shuffled train loader (labels mapped by `labelled_by`'s config) and the per-epoch evaluation."""
-    loader = task.make_loader(
-        train_data,
-        tokenizer,
-        labelled_by.config.label2id,
-        batch_size=cfg.batch_size,
-        max_length=max_length,
-        shuffle=True,
-        seed=cfg.seed,
-    )
+def _evaluator(task: Task, data: Any, tokenizer: PreTrainedTokenizerBase, max_length: int) -> EvalFn:
+    def evaluate(model: Any) -> dict[str, float]:
+        return task.evaluate(model, data, tokenizer, max_length=max_length)
 
-    def evaluate(m: Any) -> dict[str, float]:
-        return {task.METRIC: task.evaluate(m, eval_data, tokenizer, max_length=max_length)}
+    return evaluate
 
-    return loader, evaluate
+
+def _latency_inputs(
+    task: Task, data: Any, tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, max_length: int
+) -> Batch:
+    """32 random eval examples as the model sees them (the same for teacher and student)."""
+    loader = task.make_loader(data, tokenizer, config, batch_size=32, max_length=max_length, shuffle=True)
+    return model_inputs(next(iter(loader)))
+
+
+def _common_report(
+    task: Task, train_data: Any, eval_data: Any, recipe: dict[str, Any], history: Any
+) -> dict[str, Any]:
+    return {
+        "task": task.TASK,
+        "metric": task.METRIC,
+        "higher_is_better": task.HIGHER_IS_BETTER,
+        "eval": _split_record(eval_data, task),
+        "train": _split_record(train_data, task),
+        "recipe": recipe,
+        "history": history.epochs,
+        "git_revision": git_revision(),
+        "created_at": now(),
+    }
+
+
+def _labels(task: Task, data: Any, model: PreTrainedModel) -> dict[Any, str]:
+    return dict(model.config.id2label or {}) if task.label_names(data) else {}
 
 
 def train_teacher(
@@ -166,11 +200,12 @@ def train_teacher(
     vocab_size: int = 4000,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Train a preset from scratch (with a WordPiece vocabulary learnt on the train texts) or fine-tune
-    a local/hub checkpoint; save it with its tokenizer and `train_report.json`. Returns the report."""
+    """Train a preset from scratch (with a vocabulary learnt on the train texts) or fine-tune a local/hub
+    checkpoint; save it with its tokenizer and `train_report.json`. Returns the report."""
     console = console or Console()
     set_seed(cfg.seed)  # fresh weights (presets, new heads) depend on it, not only the training loop
     task = get_task(task_name)
+    cfg = _watch_task_metric(cfg, task)
     train_data, eval_data = task.load_data(train_path), task.load_data(eval_path)
     console.print(
         f"[bold]teacher[/] {source}: {len(task.texts(train_data))} train / {len(task.texts(eval_data))} eval"
@@ -178,53 +213,61 @@ def train_teacher(
 
     from_scratch = source in PRESETS
     if from_scratch:
-        tokenizer: PreTrainedTokenizerFast = train_wordpiece(task.texts(train_data), vocab_size=vocab_size)
-        tokenizer.model_max_length = PRESETS[source]["max_position_embeddings"]
-        console.print(f"trained a WordPiece vocabulary of {len(tokenizer)} tokens")
+        tokenizer = _new_tokenizer(task, source, task.texts(train_data), vocab_size)
+        console.print(f"trained a {type(tokenizer).__name__} vocabulary of {len(tokenizer)} tokens")
     else:
         _check_local(source)
         tokenizer = _fast_tokenizer(source)
-    model = load_teacher(source, task.TASK, task.label_names(train_data), tokenizer_vocab_size=len(tokenizer))
-    max_length = min(max_length, model.config.max_position_embeddings)
+    model = load_teacher(
+        source,
+        task.TASK,
+        task.label_names(train_data),
+        tokenizer_vocab_size=len(tokenizer),
+        token_ids=special_token_ids(tokenizer),
+    )
+    if from_scratch:
+        tokenizer.model_max_length = int(model.config.max_position_embeddings)
+    max_length = min(max_length, int(model.config.max_position_embeddings))
 
-    loader, evaluate = _loader_and_evaluator(task, train_data, eval_data, tokenizer, model, cfg, max_length)
-
+    loader = task.make_loader(
+        train_data, tokenizer, model.config, batch_size=cfg.batch_size, max_length=max_length, shuffle=True
+    )
+    evaluate = _evaluator(task, eval_data, tokenizer, max_length)
     history = train(model, loader, task.teacher_step, cfg, evaluate=evaluate, description="teacher")
     if not history.is_main_process:
         return {}
-    score = _score(history, task.METRIC, evaluate, model)
+    metrics = evaluate(model)
 
     out = Path(out_dir)
     model.save_pretrained(out)
     save_tokenizer(tokenizer, out)
+    recipe = {
+        **cfg.to_dict(),
+        "max_length": max_length,
+        **({"vocab_size": vocab_size} if from_scratch else {}),
+    }
     report = {
-        "task": task.TASK,
-        "metric": task.METRIC,
-        "teacher": {
-            "source": source,
-            "params": count_parameters(model),
-            "score": score,
-            "layers": int(model.config.num_hidden_layers),
-            "hidden_size": int(model.config.hidden_size),
-        },
-        "labels": dict(model.config.id2label or {}),
-        "eval": _split_record(eval_data, task),
-        "train": _split_record(train_data, task),
-        "recipe": {
-            **cfg.to_dict(),
-            "max_length": max_length,
-            **({"vocab_size": vocab_size} if from_scratch else {}),
-        },
-        "history": history.epochs,
+        **_common_report(task, train_data, eval_data, recipe, history),
+        "teacher": {"source": source, **_model_record(model, metrics, task)},
+        "labels": _labels(task, train_data, model),
         "latency_ms": {
-            "teacher": latency_ms(model, tokenizer, task.sample_texts(eval_data, 32), max_length=max_length)
+            "teacher": latency_ms(
+                model, _latency_inputs(task, eval_data, tokenizer, model.config, max_length)
+            )
         },
-        "git_revision": git_revision(),
-        "created_at": now(),
     }
     write_report(out, TRAIN_REPORT, report)
-    console.print(f"[green]teacher[/] {task.METRIC} {score:.4f} -> {out}")
+    console.print(f"[green]teacher[/] {task.METRIC} {metrics[task.METRIC]:.4f} -> {out}")
     return report
+
+
+def cut_student(teacher: PreTrainedModel, student: DistillConfig) -> tuple[PreTrainedModel, list[int] | None]:
+    """The student model and the teacher layers it was copied from (None when built from config)."""
+    same_width = student.hidden_size in (None, teacher.config.hidden_size)
+    layer_map = list(student.layer_map) if student.layer_map is not None else None
+    if layer_map is None and same_width:
+        layer_map = default_layer_map(int(teacher.config.num_hidden_layers), student.layers)
+    return make_student(teacher, student.layers, layer_map, student.hidden_size), layer_map
 
 
 def distill(
@@ -242,75 +285,66 @@ def distill(
     """Distil a student from a trained teacher (local dir or hub id); both are scored on the same eval
     split. Saves the student with the teacher's tokenizer and `distill_report.json`. Returns the report."""
     console = console or Console()
-    set_seed(cfg.seed)  # a narrower student starts from fresh weights
+    set_seed(cfg.seed)  # a narrower student and a projection start from fresh weights
     task = get_task(task_name)
+    cfg = _watch_task_metric(cfg, task)
     train_data, eval_data = task.load_data(train_path), task.load_data(eval_path)
     _check_local(teacher_source)
     tokenizer = _fast_tokenizer(teacher_source)
     teacher = load_trained(str(teacher_source), task.TASK)
-    max_length = min(max_length, teacher.config.max_position_embeddings)
+    max_length = min(max_length, int(teacher.config.max_position_embeddings))
 
-    same_width = student.hidden_size in (None, teacher.config.hidden_size)
-    layer_map = list(student.layer_map) if student.layer_map is not None else None
-    if layer_map is None and same_width:
-        layer_map = default_layer_map(int(teacher.config.num_hidden_layers), student.layers)
-    model = make_student(teacher, student.layers, layer_map, student.hidden_size)
-    origin = f"teacher layers {layer_map}" if same_width else f"config (hidden {student.hidden_size})"
+    model, layer_map = cut_student(teacher, student)
+    alignment = (
+        make_alignment(model, teacher, layer_map, student.hidden_loss) if student.alpha_hidden > 0 else None
+    )
+    origin = (
+        f"teacher layers {layer_map}" if layer_map is not None else f"config (hidden {student.hidden_size})"
+    )
     console.print(
         f"[bold]student[/] {student.layers} layers from {origin}: "
         f"{count_parameters(model):,} params (teacher {count_parameters(teacher):,})"
     )
 
-    teacher_score = task.evaluate(teacher, eval_data, tokenizer, max_length=max_length)
-    console.print(f"teacher {task.METRIC} on {eval_data.source}: {teacher_score:.4f}")
-    loader, evaluate = _loader_and_evaluator(task, train_data, eval_data, tokenizer, teacher, cfg, max_length)
-
-    step = task.distill_step(student.temperature, student.alpha_kd, student.alpha_hard)
-    history = train(model, loader, step, cfg, teacher=teacher, evaluate=evaluate, description="student")
+    evaluate = _evaluator(task, eval_data, tokenizer, max_length)
+    teacher_metrics = evaluate(teacher)
+    console.print(f"teacher {task.METRIC} on {eval_data.source}: {teacher_metrics[task.METRIC]:.4f}")
+    loader = task.make_loader(
+        train_data, tokenizer, teacher.config, batch_size=cfg.batch_size, max_length=max_length, shuffle=True
+    )
+    step = task.distill_step(student, alignment)
+    with trains_with(model, alignment):
+        history = train(model, loader, step, cfg, teacher=teacher, evaluate=evaluate, description="student")
     if not history.is_main_process:
         return {}
-    student_score = _score(history, task.METRIC, evaluate, model)
+    metrics = evaluate(model)
     agreement = task.agreement(model, teacher, eval_data, tokenizer, max_length=max_length)
 
     out = Path(out_dir)
     model.save_pretrained(out)
     save_tokenizer(tokenizer, out)
     teacher_report = read_report(teacher_source, TRAIN_REPORT) if Path(teacher_source).is_dir() else None
-    texts = task.sample_texts(eval_data, 32)
+    inputs = _latency_inputs(task, eval_data, tokenizer, teacher.config, max_length)
+    recipe = {**asdict(student), **cfg.to_dict(), "max_length": max_length}
     report = {
-        "task": task.TASK,
-        "metric": task.METRIC,
+        **_common_report(task, train_data, eval_data, recipe, history),
         "teacher": {
             "source": str(teacher_source),
             "trained_from": (teacher_report or {}).get("teacher", {}).get("source"),
-            "params": count_parameters(teacher),
-            "score": teacher_score,
-            "layers": int(teacher.config.num_hidden_layers),
-            "hidden_size": int(teacher.config.hidden_size),
+            **_model_record(teacher, teacher_metrics, task),
         },
         "student": {
-            "params": count_parameters(model),
-            "score": student_score,
-            "layers": int(model.config.num_hidden_layers),
-            "hidden_size": int(model.config.hidden_size),
+            **_model_record(model, metrics, task),
             "layer_map": layer_map,
+            "aligned_teacher_layers": list(alignment.teacher_layers) if alignment is not None else None,
         },
         "agreement": agreement,
-        "labels": dict(model.config.id2label or {}),
-        "eval": _split_record(eval_data, task),
-        "train": _split_record(train_data, task),
-        "recipe": {**asdict(student), **cfg.to_dict(), "max_length": max_length},
-        "history": history.epochs,
-        "latency_ms": {
-            "teacher": latency_ms(teacher, tokenizer, texts, max_length=max_length),
-            "student": latency_ms(model, tokenizer, texts, max_length=max_length),
-        },
-        "git_revision": git_revision(),
-        "created_at": now(),
+        "labels": _labels(task, train_data, model),
+        "latency_ms": {"teacher": latency_ms(teacher, inputs), "student": latency_ms(model, inputs)},
     }
     write_report(out, DISTILL_REPORT, report)
     console.print(
-        f"[green]student[/] {task.METRIC} {student_score:.4f} (teacher {teacher_score:.4f}, "
-        f"agreement {agreement:.4f}) -> {out}"
+        f"[green]student[/] {task.METRIC} {metrics[task.METRIC]:.4f} "
+        f"(teacher {teacher_metrics[task.METRIC]:.4f}, agreement {agreement:.4f}) -> {out}"
     )
     return report

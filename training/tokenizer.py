@@ -15,7 +15,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import BertTokenizerFast, GPT2TokenizerFast, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    BertTokenizerFast,
+    GPT2TokenizerFast,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 # Order fixes the ids: [PAD]=0 (BertConfig's pad_token_id), [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

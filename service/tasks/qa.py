@@ -93,6 +93,11 @@ def best_span(
     return spans[0] if spans else None
 
 
+def answer_text(context: str, span: Span | None) -> str:
+    """The answer as it is written in the context; "" when there is no span."""
+    return "" if span is None else context[span.start_char : span.end_char]
+
+
 def span_probabilities(
     start_logits: np.ndarray,
     end_logits: np.ndarray,

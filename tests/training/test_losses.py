@@ -1,4 +1,4 @@
-"""The distillation loss against hand-computed values, its T² scaling and its masking."""
+"""The distillation and hidden-alignment losses against hand-computed values, scaling and masking."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.losses import distillation_loss, hard_loss
+from training.losses import distillation_loss, hard_loss, hidden_alignment_loss
 
 
 def _softmax(row: list[float], temperature: float = 1.0) -> list[float]:
@@ -144,3 +144,56 @@ def test_mismatched_shapes_are_rejected() -> None:
             alpha_kd=1.0,
             alpha_hard=0.0,
         )
+
+
+# --------------------------------------------------------------------------- hidden-state alignment
+
+# One sequence of three 2-d hidden states; the third token is padding (mask 0) and must not count.
+S_HIDDEN = [[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]]
+T_HIDDEN = [[[3.0, 0.0], [2.0, 0.0], [-50.0, 80.0]]]
+MASK = [[1, 1, 0]]
+
+
+def test_hidden_cosine_matches_hand_computation() -> None:
+    # token 0: same direction -> 1 - 1 = 0; token 1: orthogonal -> 1 - 0 = 1; mean over 2 real tokens.
+    loss = hidden_alignment_loss(torch.tensor(S_HIDDEN), torch.tensor(T_HIDDEN), torch.tensor(MASK), "cosine")
+    assert loss.item() == pytest.approx(0.5, rel=1e-6)
+
+
+def test_hidden_mse_matches_hand_computation() -> None:
+    # token 0: ((1-3)² + 0²) / 2 = 2; token 1: ((0-2)² + 1²) / 2 = 2.5; mean 2.25.
+    loss = hidden_alignment_loss(torch.tensor(S_HIDDEN), torch.tensor(T_HIDDEN), torch.tensor(MASK), "mse")
+    assert loss.item() == pytest.approx(2.25, rel=1e-6)
+
+
+def test_hidden_loss_ignores_padding_and_averages_layers() -> None:
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)  # 2 layers, B=3, L=5, H=4
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    for kind in ("cosine", "mse"):
+        both = hidden_alignment_loss(student, teacher, mask, kind)
+        per_layer = [hidden_alignment_loss(student[i], teacher[i], mask, kind) for i in range(2)]
+        assert both.item() == pytest.approx(sum(p.item() for p in per_layer) / 2, rel=1e-5)
+        noisy = teacher.clone()
+        noisy[:, mask == 0] += 100.0
+        assert hidden_alignment_loss(student, noisy, mask, kind).item() == pytest.approx(
+            both.item(), rel=1e-6
+        )
+
+
+def test_hidden_loss_projects_a_narrower_student_and_trains_only_the_student_side() -> None:
+    torch.manual_seed(0)
+    projection = torch.nn.Linear(2, 3)
+    student = torch.randn(1, 4, 2, requires_grad=True)
+    teacher = torch.randn(1, 4, 3, requires_grad=True)
+    mask = torch.ones(1, 4, dtype=torch.long)
+    loss = hidden_alignment_loss(student, teacher, mask, "mse", projection)
+    expected = (projection(student) - teacher).pow(2).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    assert student.grad is not None and projection.weight.grad is not None
+    assert teacher.grad is None  # the teacher is a target
+    with pytest.raises(ValueError, match="projection"):
+        hidden_alignment_loss(student, teacher, mask, "cosine")
+    with pytest.raises(ValueError, match="cosine"):
+        hidden_alignment_loss(student, teacher, mask, "l1", projection)  # type: ignore[arg-type]

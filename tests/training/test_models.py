@@ -1,4 +1,5 @@
-"""Students cut from teachers hold exactly the chosen teacher weights; narrower students build from config."""
+"""Students cut from teachers (BERT classifiers, BERT MLMs, GPT-2 LMs) hold exactly the chosen teacher
+weights; narrower students build from config."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, PreTrainedModel
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+)
 
 from training.models import (
     PRESETS,
@@ -15,6 +23,7 @@ from training.models import (
     load_teacher,
     load_trained,
     make_student,
+    preset_family,
 )
 
 LABELS = ["negative", "positive"]
@@ -132,3 +141,76 @@ def test_local_checkpoint_keeps_a_matching_head_and_replaces_another(tmp_path: P
     assert other.config.id2label == {0: "a", 1: "b", 2: "c"}
     assert other.get_parameter("classifier.weight").shape[0] == 3
     assert _same(load_trained(str(tmp_path), "text-classification"), teacher)
+
+
+# --------------------------------------------------------------------------- language-model students
+
+
+def _mlm_teacher(layers: int = 4) -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
+    return BertForMaskedLM(config)
+
+
+def _gpt2_teacher(layers: int = 4) -> PreTrainedModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_layer=layers, n_embd=32, n_head=2, n_positions=32))
+
+
+def test_mlm_student_holds_the_chosen_layers_and_the_tied_mlm_head() -> None:
+    teacher = _mlm_teacher(layers=4)
+    student = make_student(teacher, num_layers=2, layer_map=[1, 3])
+
+    assert isinstance(student, BertForMaskedLM) and student.config.num_hidden_layers == 2
+    assert _same(student, teacher, "bert.embeddings")
+    assert _same(student, teacher, "bert.encoder.layer.0", "bert.encoder.layer.1")
+    assert _same(student, teacher, "bert.encoder.layer.1", "bert.encoder.layer.3")
+    assert _same(student, teacher, "cls.predictions")  # transform, bias and the decoder
+    decoder = student.get_output_embeddings()
+    assert decoder.weight is student.get_input_embeddings().weight  # still tied, to the student's own
+    assert decoder.weight.data_ptr() != teacher.get_output_embeddings().weight.data_ptr()
+
+
+def test_gpt2_student_holds_the_chosen_blocks_and_the_tied_lm_head() -> None:
+    teacher = _gpt2_teacher(layers=4)
+    student = make_student(teacher, num_layers=2, layer_map=[0, 2])
+
+    assert isinstance(student, GPT2LMHeadModel) and student.config.n_layer == 2
+    for name in ("transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head"):
+        assert _same(student, teacher, name), name
+    assert _same(student, teacher, "transformer.h.0", "transformer.h.0")
+    assert _same(student, teacher, "transformer.h.1", "transformer.h.2")
+    assert student.lm_head.weight is student.transformer.wte.weight
+    assert student.lm_head.weight.data_ptr() != teacher.lm_head.weight.data_ptr()
+    assert make_student(teacher, num_layers=3).config.n_layer == 3  # default map 0, 2, 3
+
+
+def test_full_depth_language_model_students_predict_like_their_teachers() -> None:
+    ids = torch.randint(0, 50, (2, 9))
+    for teacher in (_mlm_teacher(layers=2).eval(), _gpt2_teacher(layers=2).eval()):
+        student = make_student(teacher, num_layers=2).eval()
+        torch.testing.assert_close(student(input_ids=ids).logits, teacher(input_ids=ids).logits)
+
+
+def test_narrower_gpt2_student_builds_from_config() -> None:
+    student = make_student(_gpt2_teacher(layers=4), num_layers=2, hidden_size=16)
+    assert (student.config.n_embd, student.config.n_head, student.config.n_layer) == (16, 1, 2)
+    assert student(input_ids=torch.randint(0, 50, (1, 5))).logits.shape == (1, 5, 50)
+
+
+def test_gpt2_preset_teacher_takes_the_tokenizer_special_ids() -> None:
+    ids = {"pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+    model = load_teacher("gpt2-tiny", "text-generation", tokenizer_vocab_size=300, token_ids=ids)
+    assert isinstance(model, GPT2LMHeadModel)
+    assert (model.config.n_layer, model.config.n_embd, model.config.n_positions) == (2, 64, 64)
+    assert (model.config.eos_token_id, model.config.pad_token_id, model.config.vocab_size) == (0, 0, 300)
+    assert preset_family("gpt2-demo") == "gpt2" and preset_family("bert-demo") == "bert"
+    mlm = load_teacher("bert-tiny", "fill-mask", tokenizer_vocab_size=100)
+    assert isinstance(mlm, BertForMaskedLM) and mlm.config.vocab_size == 100
