@@ -66,6 +66,8 @@ class ApiKeyMiddleware:
         self._protect_metrics = protect_metrics
 
     def protects(self, path: str) -> bool:
+        if path.startswith("/v2/health/"):  # liveness/readiness probes (Kubernetes) carry no key
+            return False
         if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2"):
             return True
         return self._protect_metrics and (path == "/metrics" or path.startswith("/metrics/"))

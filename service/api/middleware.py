@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import Metrics
 
-UNTRACKED = ("/metrics", "/health", "/ready", "/docs", "/openapi.json", "/redoc")
+UNTRACKED = ("/metrics", "/health", "/ready", "/v2/health", "/docs", "/openapi.json", "/redoc")
 
 
 class RequestMetricsMiddleware:

@@ -10,7 +10,7 @@ from service.generation.engine import GenerationEngine
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError, tokenizing
+from service.processors.common import InvalidInputError, check_chars, tokenizing
 from service.runtime import ServedModel
 
 
@@ -34,6 +34,7 @@ def prepare(
     """Tokenize; keep the prompt inside the window (422, or its last tokens when asked); cap the output."""
     if model.generator is None:
         raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
+    check_chars([prompt], "prompt")
     with tokenizing(metrics, model):
         ids = [int(t) for t in model.encoder.encode_untruncated(prompt).input_ids]
     if not ids:
