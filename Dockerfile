@@ -19,9 +19,14 @@ COPY export ./export
 COPY loadtests ./loadtests
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
  && pip install -c constraints.txt ".[cpu,train,export]"
+# The four demo students, exported as `make models` does (task:name:eval file).
 RUN python -m training demo --out /build/demo \
- && python -m export /build/demo/text-classification/student --task text-classification \
-      --name sentiment --repository /models --variants fp32,int8
+ && for spec in text-classification:sentiment:classification/eval.jsonl question-answering:qa:qa/eval.json \
+                fill-mask:fill-mask:text/eval.txt text-generation:lm:text/eval.txt; do \
+      task="${spec%%:*}"; rest="${spec#*:}"; name="${rest%%:*}"; data="${rest#*:}"; \
+      python -m export "/build/demo/$task/student" --task "$task" --name "$name" --repository /models \
+        --eval-data "/build/demo/data/$data" || exit 1; \
+    done
 
 # ---- runtime (CPU) ------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-cpu

@@ -16,6 +16,9 @@ MODEL_REPOSITORY ?= models
 DEMO_DIR         ?= build/demo
 
 BIN       := $(VENV)/bin
+# $(call export_demo,TASK,NAME,EVAL_FILE): the demo student of TASK into the repository as NAME, parity on EVAL_FILE
+export_demo = $(BIN)/python -m export $(DEMO_DIR)/$(1)/student --task $(1) --name $(2) \
+	--repository $(MODEL_REPOSITORY) --eval-data $(DEMO_DIR)/data/$(3)
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
 
@@ -28,10 +31,12 @@ serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT 
 test: lint                               ## static checks, then the whole suite (what CI runs)
 	$(BIN)/python -m pytest
 
-models: $(INSTALLED)                     ## train the demo teacher/student and export it as a new version
+models: $(INSTALLED)                     ## train the four demo teacher/student pairs and export each as a new version
 	$(BIN)/python -m training demo --out $(DEMO_DIR)
-	$(BIN)/python -m export $(DEMO_DIR)/text-classification/student --task text-classification \
-		--name sentiment --repository $(MODEL_REPOSITORY) --variants fp32,int8
+	$(call export_demo,text-classification,sentiment,classification/eval.jsonl)
+	$(call export_demo,question-answering,qa,qa/eval.json)
+	$(call export_demo,fill-mask,fill-mask,text/eval.txt)
+	$(call export_demo,text-generation,lm,text/eval.txt)
 
 bench: $(INSTALLED)                      ## engine + service benchmarks, one run (nothing else on the machine)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
