@@ -121,6 +121,8 @@ def _fmt(value: Any) -> str:
 def to_markdown(report: dict[str, Any]) -> str:
     """One table row per model: score, size, latency; then the recipe and provenance."""
     metric = report.get("metric", "score")
+    if "higher_is_better" in report:
+        metric += " (higher is better)" if report["higher_is_better"] else " (lower is better)"
     lines = [f"# {report.get('task', 'training')} run", ""]
     lines += [
         f"| model | {metric} | params | layers | latency b1 (ms) | latency b32 (ms) |",

@@ -21,7 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from training import classification, fill_mask, generation
+from training import classification, fill_mask, generation, qa
 from training.models import (
     PRESETS,
     count_parameters,
@@ -99,6 +99,7 @@ TASKS: dict[str, Task] = {
     classification.TASK: classification,
     fill_mask.TASK: fill_mask,
     generation.TASK: generation,
+    qa.TASK: qa,
 }
 
 
