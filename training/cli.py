@@ -1,4 +1,4 @@
-"""`python -m training teacher|distill|demo`: parse and check the options, then hand over to training.runs.
+"""`python -m training teacher|distill|demo|split`: parse and check the options, then hand over.
 
 Options a task has its own default for (epochs, learning rate, temperature, loss weights) default to None
 here and are filled in from `training.recipes.DEFAULTS`, so the CLI and the library share one table.
@@ -16,6 +16,7 @@ import torch
 import typer
 from rich.console import Console
 
+from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
 from training.models import PRESETS
 from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
@@ -375,6 +376,23 @@ def demo(
         pairs = run_demo(out, chosen, seed=seed, quick=quick, console=console)
     for task, (teacher_dir, student_dir) in pairs.items():
         console.print(f"[bold]{task}[/]: teacher {teacher_dir}  student {student_dir}")
+
+
+@app.command()
+def split(
+    source: Path = typer.Argument(..., exists=True, dir_okay=False, help=f"A data file: {DATA_HELP}."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Directory for train.<ext> and eval.<ext>."),
+    task: str = TaskOpt,
+    eval_fraction: float = typer.Option(
+        0.1, "--eval-fraction", min=0.0, max=0.9, help="Share of rows (QA: of questions) held out for eval."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for the split; the same seed gives the same files."),
+) -> None:
+    """Carve train and eval files out of one data file (SQuAD by article, WikiText by article)."""
+    console = Console()
+    with _user_errors(console):
+        files = split_file(_check_task(task), source, out, eval_fraction, seed)
+    console.print(f"train: {files.train} ({files.n_train})  eval: {files.eval} ({files.n_eval})")
 
 
 def main() -> None:

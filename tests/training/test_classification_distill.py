@@ -169,7 +169,7 @@ def test_cli_requires_data_files(command: str, tmp_path: Path) -> None:
 def test_cli_help_lists_every_command() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("teacher", "distill", "demo"):
+    for command in ("teacher", "distill", "demo", "split"):
         assert command in result.output
 
 

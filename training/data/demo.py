@@ -7,7 +7,6 @@ formats as the real data sets (JSON lines, SQuAD v1.1, plain text) and load with
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import string
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.data.loaders import split_examples
+from training.data.writers import write_json, write_jsonl, write_lines
 
 # --------------------------------------------------------------------------- file layout
 
@@ -56,38 +56,21 @@ def write_demo_data(
         text_eval=root / "text" / "eval.txt",
     )
     train, evals = _classification_splits(_rng(seed, "classification"), n_classification, eval_fraction, seed)
-    _write_jsonl(files.classification_train, train)
-    _write_jsonl(files.classification_eval, evals)
+    write_jsonl(files.classification_train, train)
+    write_jsonl(files.classification_eval, evals)
     articles = _qa_articles(_rng(seed, "qa"), n_qa)
     qa_train, qa_eval = split_examples(articles, eval_fraction, seed)
-    _write_json(files.qa_train, {"version": "1.1", "data": qa_train})
-    _write_json(files.qa_eval, {"version": "1.1", "data": qa_eval})
+    write_json(files.qa_train, {"version": "1.1", "data": qa_train})
+    write_json(files.qa_eval, {"version": "1.1", "data": qa_eval})
     text_train, text_eval = split_examples(_text_lines(_rng(seed, "text"), n_text_lines), eval_fraction, seed)
-    _write_lines(files.text_train, text_train)
-    _write_lines(files.text_eval, text_eval)
+    write_lines(files.text_train, text_train)
+    write_lines(files.text_eval, text_eval)
     return files
 
 
 def _rng(seed: int, stream: str) -> random.Random:
     """One independent stream per task, so changing one task's size leaves the others unchanged."""
     return random.Random(f"distilserve-demo:{seed}:{stream}")
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict[str, str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="\n") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n", encoding="utf-8", newline="\n")
-
-
-def _write_lines(path: Path, lines: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8", newline="\n")
 
 
 # --------------------------------------------------------------------------- shared helpers
