@@ -62,8 +62,8 @@ FULL: dict[str, DemoRecipe] = {
         source=MINILM,
         vocab_size=0,  # unused: MiniLM brings its own WordPiece vocabulary
         max_length=128,
-        teacher=_train(epochs=1, lr=1e-4, batch_size=16),
-        student=_train(epochs=2, lr=3e-4, batch_size=16),
+        teacher=_train(epochs=1, lr=2e-4, batch_size=8),
+        student=_train(epochs=2, lr=3e-4, batch_size=8),
         distill=DistillConfig(layers=3, temperature=2.0),
     ),
     "fill-mask": DemoRecipe(
