@@ -19,16 +19,17 @@ BIN       := $(VENV)/bin
 # $(call export_demo,TASK,NAME,EVAL_FILE): the demo student of TASK into the repository as NAME, parity on EVAL_FILE
 export_demo = $(BIN)/python -m export $(DEMO_DIR)/$(1)/student --task $(1) --name $(2) \
 	--repository $(MODEL_REPOSITORY) --eval-data $(DEMO_DIR)/data/$(3)
+SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
 
-.PHONY: serve test models lint install bench
+.PHONY: serve test models lint install bench deploy-tools
 
 serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT (builds the demo if missing)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
 	$(BIN)/python -m service --host $(HOST) --port $(PORT) --model-repository $(MODEL_REPOSITORY)
 
-test: lint                               ## static checks, then the whole suite (what CI runs)
+test: lint deploy-tools                  ## static checks, then the whole suite (what CI runs)
 	$(BIN)/python -m pytest
 
 models: $(INSTALLED)                     ## train the four demo teacher/student pairs and export each as a new version
@@ -50,6 +51,10 @@ lint: $(INSTALLED)                       ## ruff and mypy
 	$(BIN)/mypy
 
 install: $(INSTALLED)
+
+deploy-tools:                            ## prometheus and promtool for tests/deploy (Debian package), if missing
+	@command -v prometheus >/dev/null || ($(SUDO) apt-get update -qq \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 
 $(INSTALLED): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
