@@ -5,6 +5,7 @@
 #   TORCH=...          the torch requirement installed first; the default is the CPU build here.
 #                      A GPU host picks its own, e.g. TORCH="torch==2.13.0 --index-url <CUDA wheel index>"
 #   HOST, PORT, MODEL_REPOSITORY   where `make serve` listens and what it serves
+#   LOADTEST_TIME, LOADTEST_USERS, LOADTEST_SPAWN_RATE   `make loadtest`: run time, users, users started a second
 
 PYTHON           ?= python3
 VENV             ?= .venv
@@ -14,6 +15,9 @@ HOST             ?= 127.0.0.1
 PORT             ?= 8000
 MODEL_REPOSITORY ?= models
 DEMO_DIR         ?= build/demo
+LOADTEST_TIME       ?= 2m
+LOADTEST_USERS      ?= 32
+LOADTEST_SPAWN_RATE ?= 8
 
 BIN       := $(VENV)/bin
 # $(call export_demo,TASK,NAME,EVAL_FILE): the demo student of TASK into the repository as NAME, parity on EVAL_FILE
@@ -23,7 +27,7 @@ SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
 
-.PHONY: serve test models lint install bench deploy-tools
+.PHONY: serve test models lint install bench deploy-tools loadtest
 
 serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT (builds the demo if missing)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
@@ -44,6 +48,11 @@ bench: $(INSTALLED)                      ## engine + service benchmarks, one run
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m loadtests.engine_bench run --demo $(DEMO_DIR) --out docs/bench/engines.md
 	$(BIN)/python -m loadtests.http_bench run --repository $(MODEL_REPOSITORY) --demo $(DEMO_DIR) --out docs/bench
+
+loadtest: $(INSTALLED)                   ## locust mixed traffic on HOST:PORT (serves MODEL_REPOSITORY if idle); report in loadtests/reports/
+	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
+	$(BIN)/python -m loadtests.run --host $(HOST) --port $(PORT) --model-repository $(MODEL_REPOSITORY) \
+		--time $(LOADTEST_TIME) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE)
 
 lint: $(INSTALLED)                       ## ruff and mypy
 	$(BIN)/ruff check .

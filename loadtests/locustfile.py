@@ -1,37 +1,228 @@
-"""Classification traffic for locust (first scenario; the deployment issue adds the other endpoints).
+"""Mixed traffic over the four task endpoints, as a deployed distilserve's clients send it.
 
-.venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 16 -t 30s
+Headless (`make loadtest` runs this and writes a report), or with the web UI (`docker compose --profile
+loadtest up -d locust`, then http://localhost:8089):
+
+    .venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 4 -t 1m
+
+What one user does, by task weight (out of 100):
+- 36 classification: one text (28) or a list of 2-8 (8);
+- 18 question answering: one question over a context of 1-17 paragraphs (the longest span several
+  windows) (14), or 2-4 questions at once (4);
+- 16 fill-mask: one short or medium text with a word masked (12) or a list of 2-4 (4);
+- 22 generation: a short prompt, 8-64 new tokens, greedy or sampled, whole (10) or streamed as
+  Server-Sent Events (12);
+- 8 deliberate bad requests (empty or wrongly typed inputs, unknown fields, no mask, an unknown model,
+  a body that is not JSON), each a success only when it gets its 4xx.
+
+Texts are mostly short (a few to 30 tokens), some medium, a few long enough to be truncated to the
+model's window, as in real traffic. A 429 (queue full) is a failure named "429 Too Many Requests" so the
+report can tell it from real ones. A streamed generation's response time is the whole stream; its time to
+the first token is a row of its own ("SSE" / "/v1/generate [stream] first token").
+
+Env: LOADTEST_API_KEY (sent as a bearer token when the service wants keys).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import time
+from collections.abc import Callable
+from typing import Any, cast
 
 from locust import HttpUser, between, task
+from locust.clients import ResponseContextManager
 
-from loadtests.texts import review
+from loadtests.texts import CONTEXT, QUESTIONS, review
+
+FILLER = (
+    "The annual report lists the board members, the auditors and the yearly figures. "
+    "Sales grew in the north and fell slightly in the south, while costs stayed flat. "
+)
+# (path, body or raw text, expected status, what is wrong)
+BAD_REQUESTS: list[tuple[str, dict[str, Any] | str, int]] = [
+    ("/v1/classify", {"inputs": ""}, 422),
+    ("/v1/classify", {"inputs": 42}, 422),
+    ("/v1/classify", {"inputs": "fine", "topk": 3}, 422),  # unknown field (a typo of top_k)
+    ("/v1/classify", {"inputs": "fine", "model": "no-such-model"}, 404),
+    ("/v1/classify", "inputs=not+json", 415),
+    ("/v1/qa", {"question": "Who founded Acme?"}, 422),  # no context
+    ("/v1/fill-mask", {"inputs": "there is no mask token here"}, 422),
+    ("/v1/generate", {"prompt": "The film was", "max_new_tokens": 0}, 422),
+]
 
 
-class ClassifyUser(HttpUser):
-    wait_time = between(0.0, 0.05)
+def text_of_some_length(rng: random.Random) -> str:
+    """70 % short (1-2 clauses), 25 % medium (3-8), 5 % long (20-40: past a 128-token window)."""
+    roll = rng.random()
+    if roll < 0.70:
+        return review(rng, max_clauses=1)
+    if roll < 0.95:
+        return review(rng, max_clauses=rng.randint(3, 8))
+    return " ".join(review(rng, max_clauses=3) + "." for _ in range(rng.randint(10, 20)))
+
+
+def context_of_some_length(rng: random.Random) -> str:
+    """The answer-bearing paragraph among 0-16 others: long contexts are split into windows."""
+    paragraphs = [FILLER] * rng.choice([0, 0, 0, 1, 2, 4, 8, 16])
+    paragraphs.insert(rng.randint(0, len(paragraphs)), CONTEXT + " ")
+    return "".join(paragraphs).strip()
+
+
+class ServiceUser(HttpUser):
+    wait_time = between(0.05, 0.5)  # think time between one user's requests
 
     def on_start(self) -> None:
         self.rng = random.Random()
+        if key := os.environ.get("LOADTEST_API_KEY"):
+            self.client.headers["Authorization"] = f"Bearer {key}"
+        self.mask = "[MASK]"
+        with self.client.get("/v1/models", name="/v1/models", catch_response=True) as r:
+            if r.status_code == 200:
+                cards = r.json()["models"]
+                self.mask = next((c["mask_token"] for c in cards if c["mask_token"]), self.mask)
 
-    @task(10)
-    def classify_one(self) -> None:
-        self.client.post("/v1/classify", json={"inputs": review(self.rng)}, name="/v1/classify")
+    # -- helpers --------------------------------------------------------------------------------------
 
-    @task(2)
-    def classify_batch(self) -> None:
-        texts = [review(self.rng) for _ in range(self.rng.randint(2, 8))]
-        self.client.post("/v1/classify", json={"inputs": texts, "top_k": 2}, name="/v1/classify [list]")
-
-    @task(1)
-    def bad_request(self) -> None:
-        body = {"inputs": ""}
-        with self.client.post("/v1/classify", json=body, catch_response=True, name="bad input") as r:
-            if r.status_code == 422:
+    def post(
+        self,
+        path: str,
+        body: dict[str, Any] | str,
+        name: str,
+        expect: int = 200,
+        valid: Callable[[Any], bool] = lambda _: True,
+    ) -> None:
+        """POST and judge: success only for the expected status (and, for a 200, a body `valid` accepts)."""
+        kwargs: dict[str, Any] = (
+            {"json": body}
+            if isinstance(body, dict)
+            else {"data": body, "headers": {"content-type": "text/plain"}}
+        )
+        with self.client.post(path, name=name, catch_response=True, **kwargs) as r:
+            if r.status_code == expect and (expect != 200 or judge(valid, r)):
                 r.success()
             else:
-                r.failure(f"empty text should be 422, got {r.status_code}")
+                fail(r, expect)
+
+    def masked(self) -> str:
+        """A short or medium text with one of its first dozen words masked (the mask stays in the window)."""
+        words = review(self.rng, max_clauses=self.rng.choice([0, 1, 2, 4])).split()
+        words[self.rng.randrange(min(len(words), 12))] = self.mask
+        return " ".join(words)
+
+    def generation_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": review(self.rng, max_clauses=self.rng.choice([0, 1, 2])),
+            "max_new_tokens": self.rng.choice([8, 16, 16, 32, 64]),
+            "truncate_prompt": True,  # a small model's window: keep the prompt's end rather than a 422
+        }
+        if self.rng.random() < 0.4:
+            body.update(temperature=0.8, top_p=0.9)
+        return body
+
+    # -- tasks ----------------------------------------------------------------------------------------
+
+    @task(28)
+    def classify(self) -> None:
+        self.post("/v1/classify", {"inputs": text_of_some_length(self.rng)}, "/v1/classify", valid=is_list)
+
+    @task(8)
+    def classify_list(self) -> None:
+        texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(2, 8))]
+        body = {"inputs": texts, "top_k": 2}
+        self.post("/v1/classify", body, "/v1/classify [list]", valid=lambda out: len(out) == len(texts))
+
+    @task(14)
+    def qa(self) -> None:
+        body = {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
+        self.post("/v1/qa", body, "/v1/qa", valid=lambda out: "answer" in out)
+
+    @task(4)
+    def qa_list(self) -> None:
+        pairs = [
+            {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
+            for _ in range(self.rng.randint(2, 4))
+        ]
+        self.post("/v1/qa", {"inputs": pairs}, "/v1/qa [list]", valid=lambda out: len(out) == len(pairs))
+
+    @task(12)
+    def fill_mask(self) -> None:
+        self.post("/v1/fill-mask", {"inputs": self.masked(), "top_k": 5}, "/v1/fill-mask", valid=is_list)
+
+    @task(4)
+    def fill_mask_list(self) -> None:
+        texts = [self.masked() for _ in range(self.rng.randint(2, 4))]
+        self.post(
+            "/v1/fill-mask",
+            {"inputs": texts},
+            "/v1/fill-mask [list]",
+            valid=lambda out: len(out) == len(texts),
+        )
+
+    @task(10)
+    def generate(self) -> None:
+        self.post(
+            "/v1/generate", self.generation_body(), "/v1/generate", valid=lambda out: "finish_reason" in out
+        )
+
+    @task(12)
+    def generate_stream(self) -> None:
+        body = {**self.generation_body(), "stream": True}
+        started = time.perf_counter()
+        first_token_s: float | None = None
+        final: dict[str, Any] | None = None
+        name = "/v1/generate [stream]"
+        with self.client.post("/v1/generate", json=body, name=name, stream=True, catch_response=True) as r:
+            if r.status_code != 200:
+                fail(r, 200)
+                return
+            for line in r.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                event = json.loads(line[len(b"data: ") :])
+                if "error" in event:
+                    r.failure(f"error event: {event['error']}")
+                    return
+                if "finish_reason" in event:
+                    final = event
+                elif first_token_s is None:
+                    first_token_s = time.perf_counter() - started
+            # The whole stream, not only its headers, is this request's response time.
+            cast(dict[str, Any], r.request_meta)["response_time"] = (time.perf_counter() - started) * 1000
+            if final is None or first_token_s is None:
+                r.failure("the stream ended without tokens or without its final event")
+                return
+            r.success()
+        self.environment.events.request.fire(
+            request_type="SSE",
+            name=f"{name} first token",
+            response_time=first_token_s * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+
+    @task(8)
+    def bad_request(self) -> None:
+        path, body, expect = self.rng.choice(BAD_REQUESTS)
+        self.post(path, body, f"{path} [bad -> {expect}]", expect=expect)
+
+
+def judge(valid: Callable[[Any], bool], r: ResponseContextManager) -> bool:
+    try:
+        return valid(r.json())
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def is_list(out: Any) -> bool:
+    return isinstance(out, list) and bool(out)
+
+
+def fail(r: ResponseContextManager, expected: int) -> None:
+    if r.status_code == 429:
+        r.failure("429 Too Many Requests (queue full)")
+    else:
+        r.failure(f"{r.status_code or 'no response'} (expected {expected}): {(r.text or '')[:200]}")

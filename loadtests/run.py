@@ -1,0 +1,134 @@
+"""`make loadtest`: a headless locust run against the service, then its report.
+
+    python -m loadtests.run --port 8000 --time 2m --users 32 --spawn-rate 8
+
+If nothing answers on HOST:PORT, the service is started on MODEL_REPOSITORY (and stopped afterwards;
+its log goes to service.log in the report folder); a service that answers is used as it is. The run
+writes loadtests/reports/<timestamp>/: locust's CSVs and HTML page, report.md, latency.png and
+throughput.png. Exit status 1 when any request failed other than with a 429 (queue full), a deliberate
+bad request's 4xx being a success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+
+from loadtests.report import write_report
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def answers(base_url: str) -> bool:
+    try:
+        httpx.get(f"{base_url}/health", timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def wait_ready(base_url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"the service exited with {process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{base_url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{base_url}/ready did not answer 200 within {timeout_s:.0f} s")
+
+
+@contextmanager
+def service(host: str, port: int, repository: Path, log: Path, ready_timeout_s: float) -> Iterator[str]:
+    """The service on host:port: the one already answering there, else one started (and stopped) here."""
+    base_url = f"http://{host}:{port}"
+    if answers(base_url):
+        print(f"using the service that answers on {base_url}")
+        wait_ready(base_url, ready_timeout_s)
+        yield base_url
+        return
+    if not repository.is_dir():
+        raise SystemExit(
+            f"nothing answers on {base_url} and {repository} is no model repository (make models)"
+        )
+    command = [sys.executable, "-m", "service", "--host", host, "--port", str(port)]
+    command += ["--model-repository", str(repository)]
+    print(f"starting {' '.join(command[1:])} (log: {log})")
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(base_url, ready_timeout_s, process)
+            yield base_url
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # drains: queued requests finish first
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-repository", type=Path, default=Path("models"))
+    parser.add_argument("--time", default="2m", help="locust --run-time: 30s, 2m, 1h ...")
+    parser.add_argument("--users", type=int, default=32, help="concurrent users")
+    parser.add_argument("--spawn-rate", type=float, default=8, help="users started per second")
+    parser.add_argument("--reports", type=Path, default=Path("loadtests/reports"))
+    parser.add_argument("--ready-timeout", type=float, default=300, help="seconds to wait for /ready")
+    args = parser.parse_args(argv)
+
+    started = datetime.now()
+    out = args.reports / started.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=False)
+    prefix = out / "locust"
+    with service(args.host, args.port, args.model_repository, out / "service.log", args.ready_timeout) as url:
+        models = httpx.get(f"{url}/v1/models", timeout=10)
+        served = ", ".join(
+            f"{m['name']} v{m['version']} ({m['variant']}, {m['provider']})"
+            for m in (models.json()["models"] if models.status_code == 200 else [])
+        )
+        locust = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", url, "--headless"]
+        locust += ["--users", str(args.users), "--spawn-rate", str(args.spawn_rate), "--run-time", args.time]
+        locust += ["--csv", str(prefix), "--csv-full-history", "--html", str(out / "locust.html")]
+        locust += ["--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"]
+        print(" ".join(locust[1:]))
+        subprocess.run(locust, check=False)  # exits 1 on any failure, 429s included: the report judges
+    if not Path(f"{prefix}_stats.csv").exists():
+        print("locust wrote no stats: see its output above", file=sys.stderr)
+        return 2
+    run = {
+        "started": started.isoformat(timespec="seconds"),
+        "target": url,
+        "models": served or "unknown (GET /v1/models failed)",
+        "users": f"{args.users} (spawn rate {args.spawn_rate}/s), run time {args.time}",
+        "locust": version("locust"),
+    }
+    report = write_report(prefix, out, run)
+    total = report.total
+    print(
+        f"\n{report.markdown}: {total.requests} requests at {total.rps:.1f}/s, p50 {total.p50} ms, "
+        f"p95 {total.p95} ms, p99 {total.p99} ms; 429: {total.too_many}; other failures: "
+        f"{report.unexpected_failures}"
+    )
+    return 1 if report.unexpected_failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
