@@ -20,11 +20,15 @@ model's window, as in real traffic. A 429 (queue full) is a failure named "429 T
 report can tell it from real ones. A streamed generation's response time is the whole stream; its time to
 the first token is a row of its own ("SSE" / "/v1/generate [stream] first token").
 
+With --csv PREFIX, PREFIX_final_stats.csv and PREFIX_final_failures.csv are written at the very end:
+locust's own PREFIX_stats.csv is rewritten only once a second and misses what finished after that.
+
 Env: LOADTEST_API_KEY (sent as a bearer token when the service wants keys).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import random
@@ -32,8 +36,10 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from locust import HttpUser, between, task
+from locust import HttpUser, between, events, task
 from locust.clients import ResponseContextManager
+from locust.env import Environment
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 from loadtests.texts import CONTEXT, QUESTIONS, review
 
@@ -226,3 +232,16 @@ def fail(r: ResponseContextManager, expected: int) -> None:
         r.failure("429 Too Many Requests (queue full)")
     else:
         r.failure(f"{r.status_code or 'no response'} (expected {expected}): {(r.text or '')[:200]}")
+
+
+@events.test_stop.add_listener
+def write_final_csvs(environment: Environment, **_: Any) -> None:
+    """The totals once every user has stopped (locust's periodic CSVs can lag by up to a second)."""
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if not prefix:
+        return
+    stats = StatsCSV(environment, PERCENTILES_TO_REPORT)
+    with open(f"{prefix}_final_stats.csv", "w", newline="") as f:
+        stats.requests_csv(csv.writer(f))
+    with open(f"{prefix}_final_failures.csv", "w", newline="") as f:
+        stats.failures_csv(csv.writer(f))

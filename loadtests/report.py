@@ -3,7 +3,9 @@
     python -m loadtests.report loadtests/reports/20261122-190000/locust      # writes beside the CSVs
 
 Reads PREFIX_stats.csv (per endpoint totals), PREFIX_failures.csv (failures by error) and
-PREFIX_stats_history.csv (one row a second per endpoint and for all together). A 429 is told from other
+PREFIX_stats_history.csv (one row a second per endpoint and for all together); the totals from
+PREFIX_final_stats.csv and PREFIX_final_failures.csv instead where loadtests/locustfile.py wrote them at
+the end of the run (locust's own files can miss the last second). A 429 is told from other
 failures by its status code in the error text, so the report separates "the service shed load" from
 "something is wrong". `make loadtest` (loadtests/run.py) writes the report after each run.
 """
@@ -89,8 +91,14 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _totals(prefix: Path, kind: str) -> Path:
+    """PREFIX_final_KIND.csv (written after the last request) when there is one, else PREFIX_KIND.csv."""
+    final = Path(f"{prefix}_final_{kind}.csv")
+    return final if final.exists() else Path(f"{prefix}_{kind}.csv")
+
+
 def read_failures(prefix: Path) -> list[Failure]:
-    path = Path(f"{prefix}_failures.csv")
+    path = _totals(prefix, "failures")
     if not path.exists():
         return []
     return [Failure(r["Method"], r["Name"], r["Error"], int(r["Occurrences"])) for r in _rows(path)]
@@ -102,7 +110,7 @@ def read_endpoints(prefix: Path, failures: list[Failure]) -> list[Endpoint]:
         if TOO_MANY.search(failure.error):
             too_many[(failure.method, failure.name)] += failure.occurrences
     endpoints = []
-    for r in _rows(Path(f"{prefix}_stats.csv")):
+    for r in _rows(_totals(prefix, "stats")):
         method, name = r["Type"], r["Name"]
         is_total = name == AGGREGATED
         endpoints.append(

@@ -91,3 +91,12 @@ def test_no_history_no_charts_and_the_cli(tmp_path: Path, capsys: pytest.Capture
     assert "# Load test report" in capsys.readouterr().out
     assert not (tmp_path / "out" / "latency.png").exists()
     assert "## Over time" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_final_totals_win_over_the_lagging_csv(tmp_path: Path) -> None:
+    prefix = write_csvs(tmp_path)
+    final = STATS.replace(",Aggregated,1448,32,", ",Aggregated,1460,33,")
+    Path(f"{prefix}_final_stats.csv").write_text(final)
+    Path(f"{prefix}_final_failures.csv").write_text(FAILURES.replace(",28,", ",29,"))
+    report = write_report(prefix)
+    assert (report.total.requests, report.total.failures, report.total.too_many) == (1460, 33, 31)

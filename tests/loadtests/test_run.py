@@ -21,6 +21,7 @@ def test_a_short_run_serves_every_endpoint_and_reports(tiny_repository: Path, tm
     log = (out / "service.log").read_text() if (out / "service.log").exists() else ""
     assert done.returncode == 0, done.stdout + done.stderr + log  # no failure other than 429s
 
+    assert (out / "locust_final_stats.csv").exists()  # totals after the last request (the locustfile's)
     failures = read_failures(out / "locust")
     rows = {(e.method, e.name): e for e in read_endpoints(out / "locust", failures)}
     served = {name for (_, name), e in rows.items() if e.requests and name.startswith("/v1/")}
