@@ -160,12 +160,12 @@ def plot_latency(history: dict[str, list[Sample]], path: Path) -> None:
     total = history.get(AGGREGATED, [])
     start = _start(history)
     for attribute, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-        top.plot(*_series(total, attribute, start), style, label=attribute)
+        top.plot(*_series(total, attribute, start, positive=True), style, label=attribute)
     top.set_ylabel("ms")
     top.set_title("Response time percentiles, all requests (locust's last 10 s window)")
     top.legend(loc="upper left")
     for name, samples in _endpoints_of(history):
-        bottom.plot(*_series(samples, "p95", start), label=name)
+        bottom.plot(*_series(samples, "p95", start, positive=True), label=name)
     bottom.set_ylabel("ms")
     bottom.set_xlabel("seconds since start")
     bottom.set_title("p95 per endpoint")
@@ -218,15 +218,22 @@ def _start(history: dict[str, list[Sample]]) -> float:
     return min((s[0].timestamp for s in history.values() if s), default=0.0)
 
 
-def _series(samples: list[Sample], attribute: str, start: float) -> tuple[list[float], list[float]]:
-    """(seconds, values) with the samples that have a value (a percentile is N/A before any request)."""
+def _series(
+    samples: list[Sample], attribute: str, start: float, positive: bool = False
+) -> tuple[list[float], list[float]]:
+    """(seconds, values) of the samples with a value (a percentile is N/A, or 0, before any request)."""
     points = [(s.timestamp - start, getattr(s, attribute)) for s in samples]
-    kept = [(t, float(v)) for t, v in points if v is not None]
+    kept = [(t, float(v)) for t, v in points if v is not None and (v > 0 or not positive)]
     return [t for t, _ in kept], [v for _, v in kept]
 
 
 def _endpoints_of(history: dict[str, list[Sample]]) -> list[tuple[str, list[Sample]]]:
-    return sorted((name, samples) for name, samples in history.items() if name != AGGREGATED)
+    """The endpoints worth a line of their own: not the aggregate, the bad requests or /v1/models."""
+    return sorted(
+        (name, samples)
+        for name, samples in history.items()
+        if name != AGGREGATED and "[bad" not in name and not name.endswith("/v1/models")
+    )
 
 
 def _ms(value: float | None) -> str:
