@@ -1,10 +1,14 @@
-"""Offline engine speed: PyTorch eager vs each ONNX Runtime variant, one fresh process per measurement.
+"""Offline engine speed: PyTorch eager vs each ONNX Runtime variant, one fresh process per engine.
 
-    python -m loadtests.engine_bench --demo build/demo --out docs/benchmarks.md
+    python -m loadtests.engine_bench run --demo build/demo --out docs/bench/engines.md
+    python -m loadtests.engine_bench run --device cuda --out docs/bench/engines-gpu.md   # on a GPU host
 
-For every demo teacher and student it exports all variants (through the parity gate) into a scratch
-repository, then times a forward pass at batch 1 and 32, sequence 128, in separate processes (ONNX Runtime's
-spinning threads and torch's pool must never compete), and writes a markdown table, the ratios and a PNG.
+For every demo teacher and student it exports all variants (through the parity gate) into `--exports`
+(reused when already there, so a GPU host needs no exporter), then times a forward pass at batch 1 and 32,
+sequence 128, one process per model and engine (ONNX Runtime's threads and torch's pool must never compete),
+and writes a markdown table, the ratios and a PNG. On CUDA, torch runs fp32 and fp16 (`.half()`), ONNX
+Runtime the fp32 and fp16 graphs with IO binding (inputs and outputs stay on the GPU) and, as the service
+calls it today, fp16 with numpy in and out (`fp16-host`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +29,27 @@ from rich.console import Console
 from rich.progress import Progress
 
 console = Console(stderr=True)
-ENGINES = ("torch", "fp32", "optimized", "int8")  # fp16 pays off only on a GPU
+BATCHES = (1, 32)
+# Engines per device; an ONNX engine's name is the variant it runs (plus `-host`: numpy in and out).
+ENGINES = {
+    "cpu": ("torch", "fp32", "optimized", "int8"),
+    "cuda": ("torch", "torch-fp16", "fp32", "fp16", "fp16-host"),
+}
+# (column label, slower engine, faster engine): each table cell is slower ÷ faster.
+RATIOS = {
+    "cpu": (
+        ("torch ÷ ORT fp32", "torch", "fp32"),
+        ("fp32 ÷ int8", "fp32", "int8"),
+        ("fp32 ÷ opt", "fp32", "optimized"),
+    ),
+    "cuda": (
+        ("torch ÷ ORT fp32", "torch", "fp32"),
+        ("torch fp16 ÷ ORT fp16", "torch-fp16", "fp16"),
+        ("fp32 ÷ fp16", "fp32", "fp16"),
+        ("host ÷ IO binding", "fp16-host", "fp16"),
+    ),
+}
+SIZES = {"cpu": ("fp32", "optimized", "int8"), "cuda": ("fp32", "fp16")}
 DEMO_EVAL = {
     "text-classification": "classification/eval.jsonl",
     "question-answering": "qa/eval.json",
@@ -66,42 +89,79 @@ def _time(run: Any, budget_s: float = 2.0, max_runs: int = 50) -> float:
     return statistics.median(samples)
 
 
-def measure(engine: str, target: str, batch: int, seq: int, threads: int) -> float:
-    """`target`: an HF dir for torch, a version dir (manifest + variants) for ONNX Runtime."""
-    if engine == "torch":
-        import torch
-        from transformers import AutoConfig
+def measure(
+    engine: str, target: str, batches: tuple[int, ...], seq: int, threads: int, device: str
+) -> list[float]:
+    """Median ms per batch size; `target` is an HF dir for torch, a version dir for ONNX Runtime."""
+    if engine.startswith("torch"):
+        return _measure_torch(engine, target, batches, seq, threads, device)
+    return _measure_ort(engine, target, batches, seq, threads, device)
 
-        from export.tasks import SPECS, load_reference
 
-        torch.set_num_threads(threads)
-        task = _task_of_config(AutoConfig.from_pretrained(target))
-        model, _ = load_reference(Path(target), SPECS[task])
-        names = ["input_ids", "attention_mask"] + (["token_type_ids"] if task != "text-generation" else [])
-        tensors = {
-            k: torch.from_numpy(v)
-            for k, v in _inputs(model.config.vocab_size, batch, seq, names, None).items()
-        }
+def _measure_torch(
+    engine: str, target: str, batches: tuple[int, ...], seq: int, threads: int, device: str
+) -> list[float]:
+    import torch
+    from transformers import AutoConfig
 
-        def run_torch() -> None:
+    from export.tasks import SPECS, load_reference
+
+    torch.set_num_threads(threads)
+    task = _task_of_config(AutoConfig.from_pretrained(target))
+    model, _ = load_reference(Path(target), SPECS[task])
+    model = model.to(device)
+    if engine == "torch-fp16":
+        model = model.half()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if task != "text-generation" else [])
+    results = []
+    for batch in batches:
+        feeds = _inputs(model.config.vocab_size, batch, seq, names, None)
+        tensors = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+
+        def run_torch(tensors: dict[str, torch.Tensor] = tensors) -> None:
             with torch.no_grad():
                 model(**tensors)
+            if device == "cuda":
+                torch.cuda.synchronize()
 
-        return _time(run_torch)
+        results.append(_time(run_torch))
+    return results
 
+
+def _measure_ort(
+    engine: str, target: str, batches: tuple[int, ...], seq: int, threads: int, device: str
+) -> list[float]:
     import onnxruntime as ort
 
+    variant, host = engine.removesuffix("-host"), engine.endswith("-host")
     manifest = json.loads((Path(target) / "manifest.json").read_text())
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    path = Path(target) / manifest["variants"][engine]["file"]
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    path = Path(target) / manifest["variants"][variant]["file"]
+    if device == "cuda":
+        ort.preload_dlls()
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
+        raise RuntimeError(f"CUDA asked for, ONNX Runtime runs on {session.get_providers()}")
     names = [i.name for i in session.get_inputs()]
     vocab = _vocab_size(Path(target) / "tokenizer.json")
-    feeds = _inputs(vocab, batch, seq, names, manifest.get("generation"))
-    outputs = [o.name for o in session.get_outputs()][:1]
-    return _time(lambda: session.run(outputs, feeds))
+    output = session.get_outputs()[0].name
+    results = []
+    for batch in batches:
+        feeds = _inputs(vocab, batch, seq, names, manifest.get("generation"))
+        if device == "cuda" and not host:
+            binding = session.io_binding()
+            for name, array in feeds.items():
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+            binding.bind_output(output, "cuda")
+            results.append(_time(lambda: session.run_with_iobinding(binding)))  # noqa: B023 (called at once)
+        else:
+            results.append(_time(lambda: session.run([output], feeds)))  # noqa: B023 (called at once)
+    return results
 
 
 def _vocab_size(tokenizer_json: Path) -> int:
@@ -136,18 +196,25 @@ class Row:
     ms: dict[tuple[str, int], float]
 
 
-def _spawn(engine: str, target: Path, batch: int, seq: int, threads: int) -> float:
+def _spawn(engine: str, target: Path, seq: int, threads: int, device: str) -> list[float]:
     command = [sys.executable, "-m", "loadtests.engine_bench", "measure", engine, str(target)]
-    command += ["--batch", str(batch), "--seq", str(seq), "--threads", str(threads)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ})
-    return float(out.stdout.strip().splitlines()[-1])
+    command += ["--batches", ",".join(map(str, BATCHES)), "--seq", str(seq), "--threads", str(threads)]
+    command += ["--device", device]
+    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
+    if out.returncode != 0:
+        raise RuntimeError(f"{engine} on {target} failed:\n{out.stderr[-2000:]}")
+    return [float(x) for x in out.stdout.strip().splitlines()[-1].split(",")]
 
 
-def _export_all(model_dir: Path, task: str, repository: Path, eval_data: Path | None) -> Path:
+def _exported(model_dir: Path, task: str, repository: Path, eval_data: Path | None, device: str) -> Path:
+    """The version directory under `repository`: exported once, with the variants the device runs."""
+    existing = sorted(repository.glob("bench/*/manifest.json"))
+    if existing:
+        return existing[-1].parent
     from export.pipeline import export_model
-    from export.variants import ALL_VARIANTS
 
-    result = export_model(model_dir, task, "bench", repository, ALL_VARIANTS, eval_data=eval_data)  # type: ignore[arg-type]
+    variants = SIZES[device]
+    result = export_model(model_dir, task, "bench", repository, variants, eval_data=eval_data)  # type: ignore[arg-type]
     if result.version_dir is None:
         raise RuntimeError(f"{model_dir}: fp32 failed its parity gate")
     for r in result.variants:
@@ -170,46 +237,51 @@ def _ratio(slow: float | None, fast: float | None) -> str:
     return "-" if slow is None or fast is None else f"{slow / fast:.2f}x"
 
 
-def render(rows: list[Row], batches: tuple[int, ...], seq: int, threads: int) -> str:
+def render(rows: list[Row], seq: int, threads: int, device: str) -> str:
+    engines, ratios, sized = ENGINES[device], RATIOS[device], SIZES[device]
+    where = f"{threads} CPU threads" if device == "cpu" else "CUDA"
     lines = [
-        f"Median ms per forward pass, sequence {seq}, {threads} threads, CPU; each cell a fresh process.",
+        f"Median ms per forward pass, sequence {seq}, {where}; each model and engine in a fresh process.",
         "",
-        "| task | model | params | size fp32 / opt / int8 (MB) | batch | "
-        + " | ".join(ENGINES)
-        + " | ORT fp32 ÷ torch | int8 ÷ fp32 | opt ÷ fp32 |",
-        "|---|---|---|---|---|" + "---|" * (len(ENGINES) + 3),
+        f"| task | model | params | size {' / '.join(sized)} (MB) | batch | "
+        + " | ".join(engines)
+        + " | "
+        + " | ".join(label for label, _, _ in ratios)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * (len(engines) + len(ratios)),
     ]
     for row in rows:
-        sizes = " / ".join(f"{row.sizes_mb.get(v, float('nan')):.1f}" for v in ENGINES[1:])
-        for b in batches:
-            ms = [row.ms.get((e, b)) for e in ENGINES]
-            cells = " | ".join("-" if m is None else f"{m:.2f}" for m in ms)
-            torch_ms, fp32, opt, int8 = (row.ms.get((e, b)) for e in ("torch", "fp32", "optimized", "int8"))
+        sizes = " / ".join(f"{row.sizes_mb.get(v, float('nan')):.1f}" for v in sized)
+        for b in BATCHES:
+            cells = " | ".join("-" if (m := row.ms.get((e, b))) is None else f"{m:.2f}" for e in engines)
+            ratio_cells = " | ".join(
+                _ratio(row.ms.get((slow, b)), row.ms.get((fast, b))) for _, slow, fast in ratios
+            )
             lines.append(
-                f"| {row.task} | {row.role} | {row.params:,} | {sizes} | {b} | {cells} | "
-                f"{_ratio(torch_ms, fp32)} | {_ratio(fp32, int8)} | {_ratio(fp32, opt)} |"
+                f"| {row.task} | {row.role} | {row.params:,} | {sizes} | {b} | {cells} | {ratio_cells} |"
             )
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[Row], batches: tuple[int, ...], out: Path) -> None:
+def plot(rows: list[Row], device: str, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(batches), figsize=(7 * len(batches), 0.45 * len(rows) * len(ENGINES) + 2))
-    for ax, b in zip(np.atleast_1d(axes), batches, strict=True):
+    engines = ENGINES[device]
+    fig, axes = plt.subplots(1, len(BATCHES), figsize=(7 * len(BATCHES), 0.45 * len(rows) * len(engines) + 2))
+    for ax, b in zip(np.atleast_1d(axes), BATCHES, strict=True):
         labels = [f"{r.task}\n{r.role}" for r in rows]
         y = np.arange(len(rows))
-        height = 0.8 / len(ENGINES)
-        for i, engine in enumerate(ENGINES):
+        height = 0.8 / len(engines)
+        for i, engine in enumerate(engines):
             values = [r.ms.get((engine, b), np.nan) for r in rows]
             ax.barh(y + i * height, values, height, label=engine)
         ax.set_yticks(y + 0.4 - height / 2, labels)
         ax.invert_yaxis()
         ax.set_xlabel("ms per forward pass (lower is better)")
-        ax.set_title(f"batch {b}")
+        ax.set_title(f"batch {b}, {device}")
         ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -222,56 +294,63 @@ app = typer.Typer(add_completion=False, help=__doc__)
 def measure_command(
     engine: str,
     target: Path,
-    batch: int = 1,
+    batches: str = "1,32",
     seq: int = 128,
     threads: int = 2,
+    device: str = "cpu",
 ) -> None:
-    """One measurement (used internally: each one runs in a fresh process)."""
-    print(measure(engine, str(target), batch, seq, threads))
+    """One engine on one model (used internally: each runs in a fresh process); prints ms per batch size."""
+    sizes = tuple(int(b) for b in batches.split(","))
+    print(",".join(f"{ms:.4f}" for ms in measure(engine, str(target), sizes, seq, threads, device)))
 
 
 @app.command("run")
 def run_command(
     demo: Annotated[Path, typer.Option(help="Output of `python -m training demo`.")] = Path("build/demo"),
-    out: Annotated[Path, typer.Option(help="Markdown file to write the table into.")] = Path(
-        "docs/engine_benchmark.md"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Markdown file to write the table into (and a PNG beside it).")
+    ] = Path("docs/bench/engines.md"),
+    exports: Annotated[
+        Path, typer.Option(help="Exports of every demo model: reused when present, written when not.")
+    ] = Path("build/bench-exports"),
+    device: Annotated[str, typer.Option(help="cpu, or cuda (torch and ONNX Runtime on the GPU).")] = "cpu",
     seq: int = 128,
-    threads: Annotated[int, typer.Option(help="Threads per engine (torch and ORT alike).")] = 2,
+    threads: Annotated[int, typer.Option(help="CPU threads per engine (torch and ORT alike).")] = 2,
 ) -> None:
     """Export every demo teacher and student, then time torch vs every ORT variant at batch 1 and 32."""
-    batches = (1, 32)
+    if device not in ENGINES:
+        raise typer.BadParameter(f"--device must be one of {', '.join(ENGINES)}")
     pairs = [
         (d.name, role)
         for d in sorted(demo.iterdir())
         if (d / "student").is_dir()
         for role in ("teacher", "student")
     ]
+    engines = ENGINES[device]
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory() as tmp, Progress(console=console) as progress:
-        bar = progress.add_task("engine benchmark", total=len(pairs) * len(ENGINES) * len(batches))
+    with Progress(console=console) as progress:
+        bar = progress.add_task("engine benchmark", total=len(pairs) * len(engines))
         for task, role in pairs:
             model_dir = demo / task / role
             eval_file = demo / "data" / DEMO_EVAL[task]
-            version = _export_all(
-                model_dir, task, Path(tmp) / task / role, eval_file if eval_file.is_file() else None
-            )
+            progress.update(bar, description=f"{task} {role}: export")
+            eval_data = eval_file if eval_file.is_file() else None
+            version = _exported(model_dir, task, exports / task / role, eval_data, device)
             manifest = json.loads((version / "manifest.json").read_text())
             sizes = {v: spec["size_bytes"] / 1e6 for v, spec in manifest["variants"].items()}
             row = Row(task, role, _params(model_dir), sizes, {})
-            for engine in ENGINES:
-                for b in batches:
-                    progress.update(bar, description=f"{task} {role} {engine} b{b}")
-                    if engine == "torch" or engine in manifest["variants"]:
-                        row.ms[(engine, b)] = _spawn(
-                            engine, model_dir if engine == "torch" else version, b, seq, threads
-                        )
-                    progress.advance(bar)
+            for engine in engines:
+                progress.update(bar, description=f"{task} {role} {engine}")
+                if engine.startswith("torch") or engine.removesuffix("-host") in manifest["variants"]:
+                    target = model_dir if engine.startswith("torch") else version
+                    for b, ms in zip(BATCHES, _spawn(engine, target, seq, threads, device), strict=True):
+                        row.ms[(engine, b)] = ms
+                progress.advance(bar)
             rows.append(row)
-    table = render(rows, batches, seq, threads)
+    table = render(rows, seq, threads, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table, encoding="utf-8")
-    plot(rows, batches, out.with_suffix(".png"))
+    plot(rows, device, out.with_suffix(".png"))
     console.print(table)
     console.print(f"wrote {out} and {out.with_suffix('.png')}")
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,44 +93,58 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 18
 
 
 @contextmanager
-def serve(repository: Path, env: dict[str, str]) -> Iterator[str]:
-    port = free_port()
-    command = [sys.executable, "-m", "service", "--port", str(port), "--model-repository", str(repository)]
-    process = subprocess.Popen(
-        command,
-        env={**os.environ, "DISTILSERVE_LOG_LEVEL": "warning", **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(f"{base}/ready", process)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+def running(
+    command: list[str], wait: Callable[[subprocess.Popen[bytes]], None], env: dict[str, str]
+) -> Iterator[None]:
+    """Run a server until the block ends; `wait` returns once it answers, else its log is in the error."""
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            try:
+                wait(process)
+            except (RuntimeError, TimeoutError) as e:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-4000:]
+                raise RuntimeError(f"{' '.join(command[1:4])}: {e}\n{tail}") from e
+            yield
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
 
 
 @contextmanager
-def serve_naive(model_dir: Path) -> Iterator[str]:
+def serve(repository: Path, env: dict[str, str]) -> Iterator[str]:
     port = free_port()
-    command = [sys.executable, "-m", "loadtests.naive_server", str(model_dir), "--port", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    try:
+    command = [sys.executable, "-m", "service", "--port", str(port), "--model-repository", str(repository)]
+    with running(
+        command,
+        lambda process: wait_ready(f"{base}/ready", process),
+        {"DISTILSERVE_LOG_LEVEL": "warning", **env},
+    ):
+        yield base
+
+
+@contextmanager
+def serve_naive(model_dir: Path, device: str) -> Iterator[str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "loadtests.naive_server", str(model_dir), "--port", str(port)]
+    command += ["--device", "cuda" if device == "gpu" else "cpu"]
+
+    def wait(process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 120
         while True:
             try:
                 httpx.post(f"{base}/v1/classify", json={"inputs": "warm up"}, timeout=5)
-                break
+                return
             except httpx.TransportError:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("the naive server did not start") from None
                 time.sleep(0.5)
+
+    with running(command, wait, {}):
         yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
 
 
 def wrk(base: str, path: str, bodies: list[str], connections: int, seconds: int) -> dict[str, Any]:
@@ -200,7 +214,7 @@ def load(name: str, base: str, path: str, bodies: list[str], connections: int, s
 
 
 def raw_throughput(
-    version_dir: Path, texts: list[str], batch: int, threads: int, seconds: float = 4.0
+    version_dir: Path, texts: list[str], batch: int, threads: int, device: str = "cpu", seconds: float = 4.0
 ) -> float:
     """Sequences/s of ONNX Runtime alone over `texts`, batches of similar lengths padded to their longest."""
     from service.engine import OrtEngine
@@ -211,8 +225,9 @@ def raw_throughput(
     version = read_version(version_dir)
     m = version.manifest
     engine = OrtEngine(
-        version.file(m.variants[choose_variant(m, "auto", on_gpu=False)].file),
-        device="cpu",
+        version.file(m.variants[choose_variant(m, "auto", on_gpu=device == "gpu")].file),
+        device=device,
+        require_gpu=device == "gpu",
         intra_op_threads=threads,
     )
     encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
@@ -230,12 +245,13 @@ def raw_throughput(
 
 
 @app.command("raw", hidden=True)
-def raw_command(version_dir: Path, batch: int, threads: int = 2) -> None:
-    print(raw_throughput(version_dir, reviews(2000, seed=1), batch, threads))
+def raw_command(version_dir: Path, batch: int, threads: int = 2, device: str = "cpu") -> None:
+    print(raw_throughput(version_dir, reviews(2000, seed=1), batch, threads, device))
 
 
-def raw_in_process(version_dir: Path, batch: int) -> float:
+def raw_in_process(version_dir: Path, batch: int, device: str) -> float:
     command = [sys.executable, "-m", "loadtests.http_bench", "raw", str(version_dir), str(batch)]
+    command += ["--device", device]
     return float(
         subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     )
@@ -318,14 +334,17 @@ def minilm_shaped(demo: Path, repository: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         BertForSequenceClassification(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        export_model(Path(tmp), "text-classification", "minilm-shaped", repository, ("fp32", "int8"))
+        export_model(Path(tmp), "text-classification", "minilm-shaped", repository, ("fp32", "int8", "fp16"))
 
 
 # -- report -------------------------------------------------------------------------------------------------
 
 
-def render(classification: dict[str, Any], others: list[LoadResult], generation: list[dict]) -> str:
-    lines = ["# Service benchmark (`make bench`)", ""]
+def render(
+    classification: dict[str, Any], others: list[LoadResult], generation: list[dict], device: str = "cpu"
+) -> str:
+    where = f"{os.cpu_count()} CPU cores" if device == "cpu" else f"GPU, {os.cpu_count()} CPU cores"
+    lines = [f"# Service benchmark (`make bench`), {where}", ""]
     for model, section in classification.items():
         raw = section["raw"]
         best = max(raw.values())
@@ -413,20 +432,32 @@ def run(
         "docs/bench"
     ),
     seconds: Annotated[int, typer.Option(help="Seconds per load level.")] = 10,
+    device: Annotated[
+        str, typer.Option(help="cpu or gpu: where the service, engine and baseline run.")
+    ] = "cpu",
+    work: Annotated[
+        Path, typer.Option(help="The benchmark's repository: --repository plus a MiniLM-shaped model.")
+    ] = Path("build/bench-models"),
 ) -> None:
     """Run every measurement of the service benchmark once and write the report."""
-    bench_repo = Path("build/bench-models")
+    if device not in ("cpu", "gpu"):
+        raise typer.BadParameter("--device must be cpu or gpu")
     console.rule("models")
-    if bench_repo.exists():
-        shutil.rmtree(bench_repo)
-    shutil.copytree(repository, bench_repo)
+    bench_repo = work
+    if bench_repo.resolve() != repository.resolve():  # a prepared one (e.g. carried to a GPU host) is kept
+        if bench_repo.exists():
+            shutil.rmtree(bench_repo)
+        shutil.copytree(repository, bench_repo)
     minilm_shaped(demo, bench_repo)
+    os.environ["DISTILSERVE_DEVICE"] = device  # every service this run starts
+    if device == "gpu":
+        os.environ["DISTILSERVE_REQUIRE_GPU"] = "1"
     bodies = [json.dumps({"inputs": t}) for t in reviews(2000, seed=2)]
     classification: dict[str, Any] = {}
     for model, hf_dir in (("sentiment", demo / "text-classification" / "student"), ("minilm-shaped", None)):
         console.rule(f"classification: {model}")
         version = max((bench_repo / model).iterdir(), key=lambda p: int(p.name))
-        raw = {b: raw_in_process(version, b) for b in (1, 8, 32, 64)}
+        raw = {b: raw_in_process(version, b, device) for b in (1, 8, 32, 64)}
         console.print(f"  raw engine sequences/s: {raw}")
         results = []
         model_body = [json.dumps({"inputs": json.loads(b)["inputs"], "model": model}) for b in bodies]
@@ -434,7 +465,7 @@ def run(
             with serve(bench_repo, env) as base:
                 results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
         if hf_dir is not None:
-            with serve_naive(hf_dir) as base:
+            with serve_naive(hf_dir, device) as base:
                 results += [load("naive", base, "/v1/classify", bodies, c, seconds) for c in (1, 8, 64)]
         classification[model] = {"raw": raw, "load": results}
     others: list[LoadResult] = []
@@ -461,7 +492,7 @@ def run(
                 )
                 generation.append(g)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "http.md").write_text(render(classification, others, generation), encoding="utf-8")
+    (out / "http.md").write_text(render(classification, others, generation, device), encoding="utf-8")
     raw_json = {
         m: {"raw": s["raw"], "load": [asdict(r) for r in s["load"]]} for m, s in classification.items()
     }

@@ -1,6 +1,6 @@
 """The naive baseline: FastAPI + a transformers `pipeline` in PyTorch, one request at a time (sync endpoint).
 
-    python -m loadtests.naive_server MODEL_DIR --port 8100
+    python -m loadtests.naive_server MODEL_DIR --port 8100 [--device cuda]
 
 What a first attempt at serving looks like; the benchmark compares distilserve with it on the same model.
 """
@@ -20,9 +20,9 @@ class Body(BaseModel):
     inputs: str | list[str]
 
 
-def create_app(model_dir: str, threads: int = 2) -> FastAPI:
+def create_app(model_dir: str, threads: int = 2, device: str = "cpu") -> FastAPI:
     torch.set_num_threads(threads)
-    classifier = pipeline("text-classification", model=model_dir, device="cpu")
+    classifier = pipeline("text-classification", model=model_dir, device=device)
     app = FastAPI()
 
     @app.post("/v1/classify")
@@ -34,4 +34,5 @@ def create_app(model_dir: str, threads: int = 2) -> FastAPI:
 
 if __name__ == "__main__":
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8100
-    uvicorn.run(create_app(sys.argv[1]), host="127.0.0.1", port=port, log_level="warning")
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+    uvicorn.run(create_app(sys.argv[1], device=device), host="127.0.0.1", port=port, log_level="warning")

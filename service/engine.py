@@ -47,6 +47,15 @@ def choose_providers(device: str) -> list[str]:
     return [CUDA, CPU] if CUDA in ort.get_available_providers() else [CPU]
 
 
+def preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the `nvidia-*` pip packages where those are installed (onnxruntime-gpu's
+    `[cuda,cudnn]` extra, or a PyTorch environment); with a CUDA base image the system copies are used."""
+    try:
+        ort.preload_dlls()
+    except Exception as e:  # missing packages are fine: the system libraries are tried next
+        log.debug("onnxruntime.preload_dlls: %s", e)
+
+
 class OrtEngine:
     """A session with explicit thread settings; `run` is called from one worker thread at a time."""
 
@@ -67,6 +76,8 @@ class OrtEngine:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         wanted = choose_providers(device)
+        if CUDA in wanted:
+            preload_cuda_libraries()
         self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=wanted)
         self._provider = self._session.get_providers()[0]
         wants_gpu = device == "gpu" or require_gpu
