@@ -125,7 +125,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         metric += " (higher is better)" if report["higher_is_better"] else " (lower is better)"
     lines = [f"# {report.get('task', 'training')} run", ""]
     lines += [
-        f"| model | {metric} | params | layers | latency b1 (ms) | latency b32 (ms) |",
+        f"| model | {metric} | params | layers | PyTorch CPU b1 (ms) | PyTorch CPU b32 (ms) |",
         "|---|---|---|---|---|---|",
     ]
     latency = report.get("latency_ms", {})
