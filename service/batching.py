@@ -232,7 +232,10 @@ class MicroBatcher(Generic[T, R]):
     def _take_batch(self) -> list[_Pending[T, R]]:
         items = self._queue
         indices = select_batch(
-            [p.cost for p in items], self.policy.max_batch_size, self.policy.max_batch_tokens
+            [p.cost for p in items],
+            self.policy.max_batch_size,
+            self.policy.max_batch_tokens,
+            self.policy.min_padding_efficiency,
         )
         chosen = [items[i] for i in indices]
         keep = set(indices)

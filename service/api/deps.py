@@ -1,4 +1,8 @@
-"""What routes may ask for; everything lives on `app.state`, built once in the lifespan."""
+"""What routes may ask for; everything lives on `app.state`, built once in the lifespan.
+
+Every dependency here is `async def` although none awaits: FastAPI runs a plain `def` dependency on a
+worker thread, a thread hop (and a wake-up of the event loop) per request for reading an attribute.
+"""
 
 from __future__ import annotations
 
@@ -37,17 +41,17 @@ class Collaborators:
         return texts
 
 
-def collaborators(request: Request) -> Collaborators:
+async def collaborators(request: Request) -> Collaborators:
     state = request.app.state
     return Collaborators(settings=state.settings, metrics=state.metrics, registry=state.registry)
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_registry(request: Request) -> ModelRegistry:
+async def get_registry(request: Request) -> ModelRegistry:
     registry: ModelRegistry = request.app.state.registry
     return registry
 

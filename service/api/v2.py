@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from service.api.deps import Collaborators, label_request
+from service.api.deps import Collaborators, collaborators, label_request
 from service.api.errors import response_for
 from service.api.generate import sampling, unless_disconnected
 from service.api.schemas import ClassifyRequest, FillMaskRequest, GenerateRequest, QARequest
@@ -318,12 +318,11 @@ def model_metadata(model: ServedModel, versions: list[int]) -> ModelMetadata:
 # -- request plumbing -------------------------------------------------------------------------------------
 
 
-def served(request: Request) -> Collaborators:
+async def served(request: Request) -> Collaborators:
     """The collaborators, or a 503 while start-up has not loaded the repository yet."""
-    state = request.app.state
-    if getattr(state, "registry", None) is None:
+    if getattr(request.app.state, "registry", None) is None:
         raise ServerNotReadyError("the server is starting: no model is loaded yet")
-    return Collaborators(settings=state.settings, metrics=state.metrics, registry=state.registry)
+    return await collaborators(request)
 
 
 def _find(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:

@@ -141,6 +141,29 @@ def test_select_batch_keeps_padding_within_the_efficiency_floor() -> None:
     assert select_batch(rest, max_size=8, max_tokens=10_000, min_efficiency=0.8) == [0, 1]
 
 
+def test_the_policys_efficiency_floor_shapes_the_batchers_batches() -> None:
+    engine = FakeEngine()
+    engine.release.clear()  # hold the engine so a mixed-length queue builds up behind the first item
+    stats: list[BatchStats] = []
+    items = ["x" * n for n in (10, 30, 11, 28, 9, 29)]
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        first = asyncio.ensure_future(b.submit("y" * 10))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(b.submit(x)) for x in items]
+        await asyncio.sleep(0.05)
+        engine.release.set()
+        return [await first, *[await r for r in rest]]
+
+    results = run(engine, BatchPolicy(max_batch_size=8, min_padding_efficiency=0.8), body, stats)
+    assert results == ["y" * 20, *[x * 2 for x in items]]
+    assert sorted(sorted(len(x) for x in batch) for batch in engine.batches[1:]) == [
+        [9, 10, 11],
+        [28, 29, 30],
+    ]
+    assert all(s.real_tokens >= 0.8 * s.padded_tokens for s in stats)
+
+
 def test_a_failing_batch_fails_only_its_own_requests() -> None:
     engine = FakeEngine(poison="bad")
     engine.release.clear()
