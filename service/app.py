@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import build_router
+from service.api import add_routes
 from service.api.access import AccessMiddleware
 from service.api.auth import ApiKeyMiddleware, load_api_keys
 from service.api.drain import DrainGate, DrainMiddleware
@@ -92,7 +92,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_fa
     app.state.ready = False
     app.state.drain = drain
     install_error_handlers(app)
-    app.include_router(build_router())
+    add_routes(app)
     # Innermost first: the body cap and the key check run before any body is read; the drain gate
     # before both, so a draining process reads nothing new; the request id and access line wrap it all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

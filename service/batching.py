@@ -176,22 +176,28 @@ class MicroBatcher(Generic[T, R]):
         self._queue.append(pending)
         self._report_depth()
         self._wakeup.set()
+        # One timer, not wait_for(shield(...)): those cost two extra futures and a task switch per item.
+        timer = None
+        if timeout_s is not None:
+            timer = future.get_loop().call_later(timeout_s, self._expire, pending, timeout_s)
         try:
-            if timeout_s is None:
-                return await future
-            try:
-                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-            except TimeoutError:
-                if pending.taken:  # already computing: its result is worth waiting for
-                    return await future
-                self._remove(pending)
-                raise DeadlineExceededError(f"not started within {timeout_s:g} s") from None
+            return await future
         except asyncio.CancelledError:
             # The caller went away (client disconnect): never compute for nobody.
             if not pending.taken:
                 self._remove(pending)
             future.cancel()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, pending: _Pending[T, R], timeout_s: float) -> None:
+        """The deadline passed: a queued item is dropped with a 504; one already computing is waited for."""
+        if pending.taken or pending.future.done():
+            return
+        self._remove(pending)
+        pending.future.set_exception(DeadlineExceededError(f"not started within {timeout_s:g} s"))
 
     # -- the loop -----------------------------------------------------------------------------------------
 

@@ -223,8 +223,8 @@ def load_model(
             policy,
             cost=len,
             executor=executor,
-            on_batch=lambda stats: metrics.observe_batch(name, stats),
-            on_queue_depth=lambda depth: metrics.queue_depth.labels(name).set(depth),
+            on_batch=metrics.for_model(name).observe_batch,
+            on_queue_depth=metrics.for_model(name).queue_depth.set,
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
     log.info(

@@ -41,9 +41,13 @@ class TextEncoder:
         self._windowed: dict[int, Tokenizer] = {}
 
     def encode(self, texts: Sequence[str]) -> list[EncodedText]:
+        if len(texts) == 1:  # encode_batch hands even one text to its thread pool: a wake-up per request
+            return [self._convert(self._tokenizer.encode(texts[0]))]
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(texts))]
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[EncodedText]:
+        if len(pairs) == 1:
+            return [self._convert(self._tokenizer.encode(*pairs[0]))]
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(pairs))]
 
     def encode_untruncated(self, text: str) -> EncodedText:

@@ -93,5 +93,7 @@ class AccessMiddleware:
                 await response(scope, receive, send_with_headers)
             raise
         finally:
-            fields = access_fields(scope, context, status, arrived, time.perf_counter() - started)
-            access_log.info("%s %s %s", fields["method"], fields["path"], status, extra={"access": fields})
+            if access_log.isEnabledFor(logging.INFO):  # the fields cost more than the check
+                fields = access_fields(scope, context, status, arrived, time.perf_counter() - started)
+                line = (fields["method"], fields["path"], status)
+                access_log.info("%s %s %s", *line, extra={"access": fields})

@@ -36,5 +36,6 @@ class RequestMetricsMiddleware:
             self.metrics.in_flight.dec()
             state = scope.get("state", {})
             model, task = state.get("model", ""), state.get("task", "")
-            self.metrics.requests.labels(model, task, str(status)).inc()
-            self.metrics.request_duration.labels(model, task).observe(time.perf_counter() - started)
+            count, duration = self.metrics.request_series(model, task, status)
+            count.inc()
+            duration.observe(time.perf_counter() - started)

@@ -51,7 +51,7 @@ def tokenizing(metrics: Metrics, model: ServedModel) -> Iterator[None]:
     started = time.perf_counter()
     yield
     elapsed = time.perf_counter() - started
-    metrics.tokenize_duration.labels(model.name).observe(elapsed)
+    metrics.for_model(model.name).tokenize_duration.observe(elapsed)
     current().add_tokenize(elapsed)
 
 
@@ -67,4 +67,6 @@ async def submit(model: ServedModel, item: Any, timeout_s: float) -> Any:
 
 async def run_all(model: ServedModel, items: Sequence[Any], timeout_s: float) -> list[Any]:
     """Submit every item to the model's batcher; they may land in the same or in different batches."""
+    if len(items) == 1:  # the common case: no task per item
+        return [await submit(model, items[0], timeout_s)]
     return list(await asyncio.gather(*(submit(model, item, timeout_s) for item in items)))

@@ -217,6 +217,20 @@ def test_a_request_past_its_deadline_is_dropped_before_compute() -> None:
     assert all("late" not in batch for batch in engine.batches)
 
 
+def test_a_deadline_passing_while_computing_still_gets_its_result() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        computing = asyncio.ensure_future(b.submit("slow", timeout_s=0.05))
+        await asyncio.sleep(0.15)  # taken by the engine before its deadline, which then passes
+        assert not computing.done() and b.queue_depth == 0
+        engine.release.set()
+        assert await computing == "slowslow"
+
+    run(engine, BatchPolicy(), body)
+
+
 def test_a_caller_that_goes_away_has_its_queued_work_dropped() -> None:
     engine = FakeEngine()
     engine.release.clear()
