@@ -261,29 +261,34 @@ def raw_in_process(version_dir: Path, batch: int, device: str) -> float:
 
 
 async def _stream_client(base: str, model: str, until: float, prompts: list[str], out: list[dict]) -> None:
-    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
-        rng = random.Random(len(out))
-        while time.perf_counter() < until:
-            body = {"model": model, "prompt": rng.choice(prompts), "max_new_tokens": 64, "stream": True}
-            started, first, tokens, ok = time.perf_counter(), None, 0, False
-            async with client.stream("POST", "/v1/generate", json=body) as response:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    event = json.loads(line[6:])
-                    if "finish_reason" in event:
-                        ok = True
-                    elif "token" in event:
-                        first = first or time.perf_counter()
-                        tokens += 1
-            out.append(
-                {
-                    "ttft": (first or time.perf_counter()) - started,
-                    "tokens": tokens,
-                    "ok": ok,
-                    "ended": time.perf_counter(),
-                }
-            )
+    """Streams requests back to back on raw sockets: an httpx client parsing every event as JSON took a
+    third of this 2-core machine at 1,000 tokens/s, measuring itself rather than the server."""
+    host, port = base.removeprefix("http://").split(":")
+    rng = random.Random(len(out))
+    while time.perf_counter() < until:
+        prompt = rng.choice(prompts)
+        body = json.dumps({"model": model, "prompt": prompt, "max_new_tokens": 64, "stream": True})
+        request = (
+            f"POST /v1/generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+        ).encode()
+        started, first = time.perf_counter(), None
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(request)
+        received = bytearray()
+        while chunk := await reader.read(65536):
+            received += chunk
+            if first is None and b'"token":' in received:
+                first = time.perf_counter()
+        writer.close()
+        out.append(
+            {
+                "ttft": (first or time.perf_counter()) - started,
+                "tokens": received.count(b'"token":'),
+                "ok": received.startswith(b"HTTP/1.1 200") and b'"finish_reason":' in received,
+                "ended": time.perf_counter(),
+            }
+        )
 
 
 def generation_load(base: str, model: str, streams: int, seconds: int) -> dict[str, float]:
