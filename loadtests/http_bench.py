@@ -299,9 +299,9 @@ def generation_load(base: str, model: str, streams: int, seconds: int) -> dict[s
         until = time.perf_counter() + seconds
         await asyncio.gather(*(_stream_client(base, model, until, prompts, records) for _ in range(streams)))
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     asyncio.run(main())
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     ttfts = sorted(r["ttft"] * 1000 for r in records)
     return {
         "streams": streams,
@@ -310,6 +310,7 @@ def generation_load(base: str, model: str, streams: int, seconds: int) -> dict[s
         "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         "requests": len(records),
         "errors": sum(not r["ok"] for r in records),
+        "client_cpu": cpu / wall / (os.cpu_count() or 1),
     }
 
 
@@ -385,13 +386,13 @@ def render(
         "",
         "## Generation (64 new tokens per request, streamed)",
         "",
-        "| engine | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | requests | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| engine | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | requests | errors | client CPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for g in generation:
         lines.append(
             f"| {g['engine']} | {g['streams']} | {g['tokens_per_s']:.0f} | {g['ttft_p50_ms']:.1f} | "
-            f"{g['ttft_p99_ms']:.1f} | {g['requests']} | {g['errors']} |"
+            f"{g['ttft_p99_ms']:.1f} | {g['requests']} | {g['errors']} | {g.get('client_cpu', 0):.0%} |"
         )
     return "\n".join(lines) + "\n"
 
