@@ -267,7 +267,9 @@ async def _stream_client(base: str, model: str, until: float, prompts: list[str]
     rng = random.Random(len(out))
     while time.perf_counter() < until:
         prompt = rng.choice(prompts)
-        body = json.dumps({"model": model, "prompt": prompt, "max_new_tokens": 64, "stream": True})
+        body = json.dumps(
+            {"model": model, "prompt": prompt, "max_new_tokens": 64, "ignore_eos": True, "stream": True}
+        )
         request = (
             f"POST /v1/generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"

@@ -31,6 +31,7 @@ def sampling(fields: SamplingFields, max_new_tokens: int) -> SamplingParams:
         repetition_penalty=fields.repetition_penalty,
         seed=fields.seed,
         stop=fields.stop,
+        ignore_eos=fields.ignore_eos,
     )
 
 

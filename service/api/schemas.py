@@ -130,6 +130,10 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
     stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
     truncate_prompt: bool = Field(False, description="Keep the prompt's end when it exceeds the window.")
+    ignore_eos: bool = Field(
+        False,
+        description="Go on past the end-of-sequence token up to the token limit (as vLLM's, for benchmarks).",
+    )
 
 
 class GenerateRequest(_Request, SamplingFields):

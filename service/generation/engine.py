@@ -96,32 +96,58 @@ class GenerationEngine:
     # -- the loop ---------------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Schedule, execute, update. The next step is launched as soon as this one's tokens are known, and
+        only then are they detokenized and streamed: that work overlaps the engine's, instead of leaving it
+        idle for a third of every step."""
+        running: tuple[StepPlan, asyncio.Future[StepResult]] | None = None
         while True:
-            if not self.scheduler.has_work:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            plan = self.scheduler.schedule()
-            self._report_queue()
-            if plan.empty:
-                continue
+            if running is None:
+                if not self.scheduler.has_work:
+                    if self._closing:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                running = self._launch()
+                if running is None:
+                    continue
+            plan, step = running
             try:
-                result = await loop.run_in_executor(self._executor, self.runner.execute, plan)
+                result = await step
             except Exception as e:  # a failing step fails the sequences in it, never the engine
                 self._fail([*plan.prefill, *plan.decode], e)
+                running = None
                 continue
+            # A sequence that finished (a stop string) or left while this step ran: its token is dropped.
+            stepped = [seq for seq in [*plan.prefill, *plan.decode] if not seq.done]
+            for seq in stepped:
+                self._record(seq, result.tokens[seq.id])
+            running = self._launch() if self.scheduler.has_work else None
             if self._hooks.on_step is not None:
                 self._hooks.on_step(plan, result)
-            for seq in [*plan.prefill, *plan.decode]:
-                if not seq.aborted:
-                    self._advance(seq, result.tokens[seq.id])
-            self.scheduler.retire()
+            for seq in stepped:
+                self._emit(seq, result.tokens[seq.id])
             self._report_queue()
 
-    def _advance(self, seq: GenSequence, token: int) -> None:
+    def _launch(self) -> tuple[StepPlan, asyncio.Future[StepResult]] | None:
+        """The next step on the executor (finished sequences leave first), or None when nothing runs."""
+        plan = self.scheduler.schedule()
+        self._report_queue()
+        if plan.empty:
+            return None
+        step = asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute, plan)
+        return plan, step
+
+    def _record(self, seq: GenSequence, token: int) -> None:
+        """What the next step needs: the token appended, and whether the sequence ends by eos or length."""
+        seq.output.append(token)
+        if token == self.eos_token_id and not seq.params.ignore_eos:
+            seq.finish_reason = "eos"
+        elif len(seq.output) >= seq.params.max_new_tokens:
+            seq.finish_reason = "length"
+
+    def _emit(self, seq: GenSequence, token: int) -> None:
+        """What the client sees: timing metrics, the text the token completes (a stop string ends it)."""
         now = time.perf_counter()
         if seq.last_token_at is None:
             if self._hooks.on_first_token is not None:
@@ -129,16 +155,12 @@ class GenerationEngine:
         elif self._hooks.on_token is not None:
             self._hooks.on_token(now - seq.last_token_at)
         seq.last_token_at = now
-        seq.output.append(token)
-        if token == self.eos_token_id:
-            seq.finish_reason = "eos"
+        if seq.finish_reason == "eos":
             seq.events.put_nowait(TokenEvent(token, "", "eos"))
             return
         delta, stopped = self._new_text(seq)
         if stopped:
             seq.finish_reason = "stop"
-        elif len(seq.output) >= seq.params.max_new_tokens:
-            seq.finish_reason = "length"
         seq.events.put_nowait(TokenEvent(token, delta, seq.finish_reason))
 
     def _new_text(self, seq: GenSequence) -> tuple[str, bool]:

@@ -1,8 +1,13 @@
 """The runner executes a step plan on the exported decoder: batched prefill, batched decode, sampling.
 
-Sequences of different lengths share one engine call: prompts are right-padded, cached keys/values are
-gathered into a right-padded past, and the attention mask hides every padded position while each sequence
-keeps its own position ids, so a sequence computes the same logits alone or in company.
+Sequences of different lengths share one engine call: prompts are right-padded, the cached keys/values of
+the running batch are right-padded too, and the attention mask hides every padded position while each
+sequence keeps its own position ids, so a sequence computes the same logits alone or in company.
+
+The running batch's cache is the graph's own `present` output of the last step, fed back as the next
+step's `past` as long as the batch holds the same sequences: a step copies no cache on the Python side.
+Only when sequences join or leave is the batch rebuilt (the rows that stay, compacted, plus the new ones'
+prefill caches); with per-sequence caches gathered every step, that copying was a third of a decode step.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import numpy as np
 from service.engine import Engine
 from service.generation.sampling import next_token
 from service.generation.scheduler import StepPlan
-from service.generation.sequence import KVCache, Sequence
+from service.generation.sequence import Sequence
 from service.manifest import GenerationLayout
+
+LayerCache = tuple[np.ndarray, np.ndarray]  # keys, values: [batch, heads, positions, head_dim]
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,21 @@ class StepResult:
     tokens: dict[int, int]  # sequence id -> next token
     prefill_s: float
     decode_s: float
+
+
+@dataclass
+class DecodeBatch:
+    """The running batch as the graph sees it: which sequence each row is, and the cache it carries."""
+
+    ids: list[int]
+    past: list[LayerCache]  # per layer
+    mask: np.ndarray  # [batch, positions] int64: 1 where a row holds one of its own tokens
+    cached: np.ndarray  # [batch] int64: tokens each row holds, its next token's position id
+
+    def row_cache(self, row: int) -> list[LayerCache]:
+        """One row's keys and values without the padding: [heads, cached, head_dim] per layer."""
+        real = np.flatnonzero(self.mask[row])
+        return [(keys[row][:, real], values[row][:, real]) for keys, values in self.past]
 
 
 class DecoderRunner:
@@ -39,6 +61,8 @@ class DecoderRunner:
             (layout.present_key_name.format(layer=i), layout.present_value_name.format(layer=i))
             for i in range(layout.num_layers)
         ]
+        self._batch: DecodeBatch | None = None
+        self._prefilled: dict[int, list[LayerCache]] = {}  # caches of sequences about to join the batch
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens: dict[int, int] = {}
@@ -48,13 +72,23 @@ class DecoderRunner:
         prefilled = time.perf_counter()
         if plan.decode:
             tokens |= self._decode(plan.decode)
+        else:
+            self._batch = None  # nothing runs on: its cache is nobody's
+        # A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will.
+        fresh = {s.id for s in plan.prefill}
+        self._prefilled = {i: c for i, c in self._prefilled.items() if i in fresh}
         return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled)
 
-    def _run(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[tuple]) -> dict:
+    def _run(
+        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+    ) -> dict:
         feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
         for (key_name, value_name), (keys, values) in zip(self._past_names, past, strict=True):
             feeds[key_name], feeds[value_name] = keys, values
         return self.engine.run(feeds)
+
+    def _presents(self, outputs: dict) -> list[LayerCache]:
+        return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
     def _prefill(self, seqs: Seq[Sequence]) -> dict[int, int]:
         """All new prompts in one call: right-padded, with an empty past."""
@@ -68,52 +102,50 @@ class DecoderRunner:
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         empty = np.zeros((len(seqs), layout.num_heads, 0, layout.head_dim), dtype=np.float32)
         outputs = self._run(ids, mask, positions, [(empty, empty)] * layout.num_layers)
+        presents = self._presents(outputs)
         tokens = {}
         for row, s in enumerate(seqs):
             n = len(s.prompt)
-            s.cache = KVCache(layout.num_layers, layout.num_heads, layout.head_dim, s.capacity)
-            for layer, (key_name, value_name) in enumerate(self._present_names):
-                s.cache.write(layer, outputs[key_name][row, :, :n], outputs[value_name][row, :, :n], at=0)
-            s.cache.length = n
+            self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in presents]
             tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
         return tokens
 
     def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
-        """One token for each running sequence: its last token in, its cache gathered into a padded past."""
+        """One token for each running sequence: its last token in, the batch's cache as the past."""
+        batch = self._batch
+        if batch is None or batch.ids != [s.id for s in seqs]:
+            batch = self._rebuild(seqs)
+        mask = np.concatenate([batch.mask, np.ones((len(seqs), 1), dtype=np.int64)], axis=1)
+        ids = np.array([[s.output[-1]] for s in seqs], dtype=np.int64)
+        outputs = self._run(ids, mask, batch.cached[:, None], batch.past)
+        self._batch = DecodeBatch(batch.ids, self._presents(outputs), mask, batch.cached + 1)
+        logits = outputs["logits"]
+        return {
+            s.id: next_token(logits[row, -1], s.params, s.prompt + s.output, s.rng)
+            for row, s in enumerate(seqs)
+        }
+
+    def _rebuild(self, seqs: Seq[Sequence]) -> DecodeBatch:
+        """The batch for `seqs`: rows that ran last step keep their cache (compacted), new ones their own."""
+        old = self._batch
+        old_rows = {seq_id: row for row, seq_id in enumerate(old.ids)} if old is not None else {}
+        caches: list[list[LayerCache]] = []
+        for s in seqs:
+            if s.id in self._prefilled:
+                caches.append(self._prefilled.pop(s.id))
+            elif old is not None and s.id in old_rows:
+                caches.append(old.row_cache(old_rows[s.id]))
+            else:
+                raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
+        lengths = np.array([c[0][0].shape[1] for c in caches], dtype=np.int64)
+        width = int(lengths.max())
         layout = self.layout
-        batch = len(seqs)
-        past_len = max(s.cache.length for s in seqs if s.cache is not None)
-        mask = np.zeros((batch, past_len + 1), dtype=np.int64)
-        mask[:, past_len] = 1
-        ids = np.zeros((batch, 1), dtype=np.int64)
-        positions = np.zeros((batch, 1), dtype=np.int64)
-        past = []
-        shape = (batch, layout.num_heads, past_len, layout.head_dim)
-        for _ in range(layout.num_layers):
-            past.append((np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)))
-        for row, s in enumerate(seqs):
-            cache = _cache(s)
-            n = cache.length
+        shape = (len(seqs), layout.num_heads, width, layout.head_dim)
+        past = [(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)) for _ in caches[0]]
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for row, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
             mask[row, :n] = 1
-            ids[row, 0] = s.output[-1]
-            positions[row, 0] = n
-            for layer, (keys, values) in enumerate(past):
-                keys[row, :, :n] = cache.keys[layer, :, :n]
-                values[row, :, :n] = cache.values[layer, :, :n]
-        outputs = self._run(ids, mask, positions, past)
-        tokens = {}
-        for row, s in enumerate(seqs):
-            cache = _cache(s)
-            for layer, (key_name, value_name) in enumerate(self._present_names):
-                new_keys = outputs[key_name][row, :, past_len : past_len + 1]
-                new_values = outputs[value_name][row, :, past_len : past_len + 1]
-                cache.write(layer, new_keys, new_values, at=cache.length)
-            cache.length += 1
-            tokens[s.id] = next_token(outputs["logits"][row, -1], s.params, s.prompt + s.output, s.rng)
-        return tokens
-
-
-def _cache(seq: Sequence) -> KVCache:
-    if seq.cache is None:
-        raise RuntimeError(f"sequence {seq.id} is decoding without a prefilled cache")
-    return seq.cache
+            for (keys, values), (row_keys, row_values) in zip(past, cache, strict=True):
+                keys[row, :, :n] = row_keys
+                values[row, :, :n] = row_values
+        return DecodeBatch([s.id for s in seqs], past, mask, lengths)

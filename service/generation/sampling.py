@@ -21,6 +21,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or the output
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
 
     @property
     def greedy(self) -> bool:

@@ -1,4 +1,6 @@
-"""One generation request as the engine sees it: prompt, output so far, its own KV cache and RNG."""
+"""One generation request as the engine sees it: prompt, output so far, its RNG and its stream of events.
+
+Its keys and values live in the runner, with the rest of the running batch."""
 
 from __future__ import annotations
 
@@ -16,21 +18,6 @@ FinishReason = Literal["length", "eos", "stop"]
 _ids = itertools.count()
 
 
-class KVCache:
-    """Keys and values of every layer for one sequence, preallocated to the most it may ever hold."""
-
-    def __init__(self, layers: int, heads: int, head_dim: int, capacity: int) -> None:
-        self.keys = np.zeros((layers, heads, capacity, head_dim), dtype=np.float32)
-        self.values = np.zeros((layers, heads, capacity, head_dim), dtype=np.float32)
-        self.length = 0
-
-    def write(self, layer: int, keys: np.ndarray, values: np.ndarray, at: int) -> None:
-        """keys/values: [heads, n, head_dim], stored at positions at .. at + n."""
-        n = keys.shape[1]
-        self.keys[layer, :, at : at + n] = keys
-        self.values[layer, :, at : at + n] = values
-
-
 @dataclass(frozen=True)
 class TokenEvent:
     """What a client sees per step: the new token, the text it completes, and how the sequence ended."""
@@ -46,7 +33,6 @@ class Sequence:
     params: SamplingParams
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
-    cache: KVCache | None = None
     finish_reason: FinishReason | None = None
     aborted: bool = False  # the client went away: free the slot at the next step
     error: Exception | None = None  # the engine failed on a step this sequence was in

@@ -42,13 +42,13 @@ def parts(tiny_repository: Path) -> Iterator[tuple[Any, ...]]:
         yield engine, m.generation, encoder, executor
 
 
-def make_engine(parts: tuple[Any, ...], max_running: int = 16) -> GenerationEngine:
+def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None = -1) -> GenerationEngine:
     engine, layout, encoder, executor = parts
     return GenerationEngine(
         DecoderRunner(engine, layout),
         Scheduler(SchedulerConfig(max_running=max_running)),
         encoder.decode,
-        layout.eos_token_id,
+        layout.eos_token_id if eos == -1 else eos,
         executor,
     )
 
@@ -146,8 +146,20 @@ def test_stop_strings_and_length_end_a_sequence(parts: tuple[Any, ...]) -> None:
         assert stop not in stopped_text
 
 
-async def _generate(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> tuple[Any, str]:
-    engine = make_engine(parts)
+def test_ignore_eos_runs_to_the_token_limit_with_the_same_tokens(parts: tuple[Any, ...]) -> None:
+    prompt = ids(parts, PROMPTS[0])
+    free = alone(parts, prompt, SamplingParams(max_new_tokens=6))
+    eos = free[2]  # pretend the model's third token ends the sequence
+    stopped, _ = run(_generate(parts, prompt, SamplingParams(max_new_tokens=6), eos=eos))
+    assert stopped.finish_reason == "eos" and stopped.output == free[: free.index(eos) + 1]
+    kept, _ = run(_generate(parts, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True), eos=eos))
+    assert kept.finish_reason == "length" and kept.output == free
+
+
+async def _generate(
+    parts: tuple[Any, ...], prompt: list[int], params: SamplingParams, eos: int | None = -1
+) -> tuple[Any, str]:
+    engine = make_engine(parts, eos=eos)
     engine.start()
     result = await engine.generate(prompt, params)
     await engine.close()
