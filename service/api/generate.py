@@ -83,13 +83,13 @@ async def _generate_events(prepared: Prepared) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             text.append(event.text)
-            yield sse({"index": len(seq.output) - 1, "token": event.token_id, "text": event.text})
+            yield sse({"index": event.index, "token": event.token_id, "text": event.text})
             if event.finish_reason is not None:
                 yield sse(
                     {
                         "finish_reason": event.finish_reason,
                         "generated_text": "".join(text),
-                        "tokens": len(seq.output),
+                        "tokens": seq.streamed,
                     }
                 )
     except Exception as e:  # the stream has started: the error travels as an event
@@ -154,7 +154,7 @@ async def _completion_chunks(
             finish = OPENAI_FINISH[event.finish_reason] if event.finish_reason else None
             yield sse(chunk(event.text, finish))
         if include_usage:
-            final = chunk("", None) | {"choices": [], "usage": _usage(len(seq.prompt), len(seq.output))}
+            final = chunk("", None) | {"choices": [], "usage": _usage(len(seq.prompt), seq.streamed)}
             yield sse(final)
     except Exception as e:  # the stream has started: the error travels as an event
         yield sse({"error": {"message": str(e), "type": "server_error"}})

@@ -1,12 +1,18 @@
-"""The generation engine: `step()` = schedule -> execute (off the event loop) -> update, while there is work.
+"""The generation engine: an engine thread that schedules and runs steps back to back, and the event loop,
+which only hands it requests and streams what it produces.
 
-Requests join the running batch between steps and leave it the step they finish; each one streams its
-tokens through its own queue. Everything here runs on the event loop except the runner's engine calls.
+The thread owns the decode loop (schedule -> execute -> record each token -> next step) and never waits for
+the event loop, so the model runs while the loop detokenizes and writes the last step's tokens; when the
+loop had to launch every step itself, the engine sat idle for a third of the time. Requests join the running
+batch between steps and leave it the step they finish; each one streams its tokens through its own queue.
+The scheduler is shared by both sides under one lock: the loop adds requests, the thread plans steps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
@@ -15,15 +21,17 @@ from dataclasses import dataclass
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
+from service.generation.sequence import FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
-from service.generation.sequence import TokenEvent
+
+Produced = tuple[GenSequence, int, int, FinishReason | None]  # sequence, token, its index, how it ended
 
 
 @dataclass(frozen=True)
 class EngineHooks:
     """Where the engine reports what it did (metrics); all optional."""
 
-    on_step: Callable[[StepPlan, StepResult], None] | None = None
+    on_step: Callable[[StepPlan, StepResult], None] | None = None  # called on the engine thread
     on_first_token: Callable[[float], None] | None = None  # seconds since arrival
     on_token: Callable[[float], None] | None = None  # seconds since the previous token
     on_queue: Callable[[int, int], None] | None = None  # running, waiting
@@ -45,31 +53,36 @@ class GenerationEngine:
         self.eos_token_id = eos_token_id
         self._executor = executor
         self._hooks = hooks or EngineHooks()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # guards the scheduler: the loop adds, the engine thread plans
+        self._work = threading.Event()  # set when there may be something to do
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: asyncio.Future[None] | None = None
         self._closing = False
 
-    # -- public -----------------------------------------------------------------------------------------
+    # -- public (event loop) ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="generation-engine")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = self._loop.run_in_executor(self._executor, self._run)
 
     async def close(self) -> None:
         """Take no new requests; finish the running and waiting ones; stop."""
-        self.scheduler.closed = True
+        with self._lock:
+            self.scheduler.closed = True
         self._closing = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        self._work.set()
+        if self._thread is not None:
+            await self._thread
+            self._thread = None
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> GenSequence:
         """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken)."""
         seq = GenSequence(prompt=list(prompt), params=params)
-        self.scheduler.add(seq)
+        with self._lock:
+            self.scheduler.add(seq)
         self._report_queue()
-        self._wakeup.set()
+        self._work.set()
         return seq
 
     async def stream(self, seq: GenSequence) -> AsyncIterator[TokenEvent]:
@@ -85,7 +98,7 @@ class GenerationEngine:
         finally:
             if seq.finish_reason is None:
                 seq.aborted = True
-                self._wakeup.set()
+                self._work.set()
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> tuple[GenSequence, str]:
         """Run to completion; returns the finished sequence and its text."""
@@ -93,60 +106,60 @@ class GenerationEngine:
         parts = [event.text async for event in self.stream(seq)]
         return seq, "".join(parts)
 
-    # -- the loop ---------------------------------------------------------------------------------------
+    # -- the engine thread ------------------------------------------------------------------------------
 
-    async def _loop(self) -> None:
-        """Schedule, execute, update. The next step is launched as soon as this one's tokens are known, and
-        only then are they detokenized and streamed: that work overlaps the engine's, instead of leaving it
-        idle for a third of every step."""
-        running: tuple[StepPlan, asyncio.Future[StepResult]] | None = None
+    def _run(self) -> None:
         while True:
-            if running is None:
-                if not self.scheduler.has_work:
-                    if self._closing:
-                        return
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                running = self._launch()
-                if running is None:
-                    continue
-            plan, step = running
-            try:
-                result = await step
-            except Exception as e:  # a failing step fails the sequences in it, never the engine
-                self._fail([*plan.prefill, *plan.decode], e)
-                running = None
+            with self._lock:
+                self._work.clear()
+                plan = self.scheduler.schedule()
+            self._report_queue()
+            if plan.empty:
+                if self._closing and not self.scheduler.has_work:
+                    return
+                self._work.wait(timeout=0.5)  # a request, an abort or close sets it
                 continue
-            # A sequence that finished (a stop string) or left while this step ran: its token is dropped.
-            stepped = [seq for seq in [*plan.prefill, *plan.decode] if not seq.done]
-            for seq in stepped:
-                self._record(seq, result.tokens[seq.id])
-            running = self._launch() if self.scheduler.has_work else None
+            try:
+                result = self.runner.execute(plan)
+            except Exception as e:  # a failing step fails the sequences in it, never the engine
+                failed = [*plan.prefill, *plan.decode]
+                for seq in failed:
+                    seq.aborted = True  # out of the next plan at once
+                self._to_loop(self._fail, failed, e)
+                continue
+            produced = [self._record(seq, result.tokens[seq.id]) for seq in [*plan.prefill, *plan.decode]]
             if self._hooks.on_step is not None:
                 self._hooks.on_step(plan, result)
-            for seq in stepped:
-                self._emit(seq, result.tokens[seq.id])
-            self._report_queue()
+            self._to_loop(self._deliver, [p for p in produced if p is not None])
 
-    def _launch(self) -> tuple[StepPlan, asyncio.Future[StepResult]] | None:
-        """The next step on the executor (finished sequences leave first), or None when nothing runs."""
-        plan = self.scheduler.schedule()
-        self._report_queue()
-        if plan.empty:
+    def _record(self, seq: GenSequence, token: int) -> Produced | None:
+        """The token appended for the next step, and whether it ends the sequence (eos, length)."""
+        if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
             return None
-        step = asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute, plan)
-        return plan, step
-
-    def _record(self, seq: GenSequence, token: int) -> None:
-        """What the next step needs: the token appended, and whether the sequence ends by eos or length."""
         seq.output.append(token)
+        finish: FinishReason | None = None
         if token == self.eos_token_id and not seq.params.ignore_eos:
-            seq.finish_reason = "eos"
+            finish = "eos"
         elif len(seq.output) >= seq.params.max_new_tokens:
-            seq.finish_reason = "length"
+            finish = "length"
+        if finish is not None:
+            seq.finish_reason = finish
+        return seq, token, len(seq.output) - 1, finish
 
-    def _emit(self, seq: GenSequence, token: int) -> None:
+    def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    # -- back on the event loop -------------------------------------------------------------------------
+
+    def _deliver(self, produced: list[Produced]) -> None:
+        for seq, token, index, finish in produced:
+            if seq.ended or seq.error is not None:  # a stop string ended it before this token
+                continue
+            self._emit(seq, token, index, finish)
+
+    def _emit(self, seq: GenSequence, token: int, index: int, finish: FinishReason | None) -> None:
         """What the client sees: timing metrics, the text the token completes (a stop string ends it)."""
         now = time.perf_counter()
         if seq.last_token_at is None:
@@ -155,17 +168,18 @@ class GenerationEngine:
         elif self._hooks.on_token is not None:
             self._hooks.on_token(now - seq.last_token_at)
         seq.last_token_at = now
-        if seq.finish_reason == "eos":
-            seq.events.put_nowait(TokenEvent(token, "", "eos"))
-            return
-        delta, stopped = self._new_text(seq)
+        seq.streamed = index + 1
+        delta, stopped = ("", False) if finish == "eos" else self._new_text(seq)
         if stopped:
-            seq.finish_reason = "stop"
-        seq.events.put_nowait(TokenEvent(token, delta, seq.finish_reason))
+            finish = "stop"
+            self._work.set()  # the engine thread drops it at its next step
+        if finish is not None:
+            seq.finish_reason, seq.ended = finish, True
+        seq.events.put_nowait(TokenEvent(token, delta, finish, index))
 
     def _new_text(self, seq: GenSequence) -> tuple[str, bool]:
         """The text this token completes (held back mid-character), cut at the first stop string."""
-        full = self._decode(seq.output)
+        full = self._decode(seq.output[: seq.streamed])
         for stop in seq.params.stop:
             at = full.find(stop, max(0, len(seq.text) - len(stop) + 1))
             if at != -1:
@@ -182,6 +196,7 @@ class GenerationEngine:
         for seq in seqs:
             seq.error = error
             seq.aborted = True
+            seq.ended = True
             seq.events.put_nowait(TokenEvent(None, "", None))
 
     def _report_queue(self) -> None:

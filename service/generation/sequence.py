@@ -25,6 +25,7 @@ class TokenEvent:
     token_id: int | None
     text: str
     finish_reason: FinishReason | None = None
+    index: int = 0  # which generated token this is (0: the first)
 
 
 @dataclass(eq=False)
@@ -37,6 +38,8 @@ class Sequence:
     aborted: bool = False  # the client went away: free the slot at the next step
     error: Exception | None = None  # the engine failed on a step this sequence was in
     text: str = ""  # detokenized output, up to the last complete character
+    streamed: int = 0  # tokens handed to the client: `output` may already hold the engine's next ones
+    ended: bool = False  # the client got its last event (the event loop's view; finish_reason is shared)
     arrived_at: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)

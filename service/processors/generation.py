@@ -57,7 +57,7 @@ async def complete(prepared: Prepared) -> Completion:
     seq, text = await prepared.engine.generate(prepared.prompt, prepared.params)
     return Completion(
         generated_text=text,
-        tokens=len(seq.output),
+        tokens=seq.streamed,
         prompt_tokens=len(seq.prompt),
         finish_reason=seq.finish_reason or "length",
     )

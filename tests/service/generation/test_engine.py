@@ -146,6 +146,32 @@ def test_stop_strings_and_length_end_a_sequence(parts: tuple[Any, ...]) -> None:
         assert stop not in stopped_text
 
 
+def test_a_stop_string_ends_the_stream_though_the_engine_ran_ahead(parts: tuple[Any, ...]) -> None:
+    """The engine thread may compute a token or two past a stop string before the event loop finds it: the
+    client must see none of them, and the counts must be of what it was sent."""
+    prompt = ids(parts, PROMPTS[0])
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    free, text = run(_generate(parts, prompt, params))
+    stop = text[len(text) // 3 : len(text) // 3 + 2]
+    assert stop.strip(), text
+
+    async def main() -> tuple[Any, list[Any]]:
+        engine = make_engine(parts)
+        engine.start()
+        seq = engine.submit(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True, stop=(stop,)))
+        events = [event async for event in engine.stream(seq)]
+        await asyncio.sleep(0.05)  # let the engine thread finish whatever step it had started
+        await engine.close()
+        return seq, events
+
+    seq, events = run(main())
+    assert [e.index for e in events] == list(range(len(events)))
+    assert events[-1].finish_reason == "stop" and all(e.finish_reason is None for e in events[:-1])
+    assert seq.streamed == len(events) and seq.finish_reason == "stop"
+    assert "".join(e.text for e in events) == text[: text.find(stop)]
+    assert [e.token_id for e in events] == free.output[: len(events)]
+
+
 def test_ignore_eos_runs_to_the_token_limit_with_the_same_tokens(parts: tuple[Any, ...]) -> None:
     prompt = ids(parts, PROMPTS[0])
     free = alone(parts, prompt, SamplingParams(max_new_tokens=6))
