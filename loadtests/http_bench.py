@@ -428,6 +428,29 @@ def plot(classification: dict[str, Any], generation: list[dict], out: Path) -> N
     fig.savefig(out, dpi=110)
 
 
+@app.command("generation")
+def generation_pairs(
+    repository: Annotated[Path, typer.Option(help="A repository with the `lm` model.")] = Path("models"),
+    streams: Annotated[int, typer.Option(help="Concurrent streams.")] = 16,
+    pairs: Annotated[int, typer.Option(help="Alternating continuous / one-at-a-time pairs.")] = 3,
+    seconds: Annotated[int, typer.Option(help="Seconds per measurement.")] = 10,
+) -> None:
+    """Continuous batching vs one at a time, alternating, each on a fresh server: the ratios and spread."""
+    ratios = []
+    for i in range(pairs):
+        rates = {}
+        for engine, env in (("continuous", {}), ("one-at-a-time", {"DISTILSERVE_GEN_MAX_BATCH": "1"})):
+            with serve(repository, env) as base:
+                g = generation_load(base, "lm", streams, seconds)
+            rates[engine] = g["tokens_per_s"]
+            console.print(
+                f"  pair {i + 1} {engine:>13}: {g['tokens_per_s']:6.0f} tokens/s, TTFT p50 "
+                f"{g['ttft_p50_ms']:.0f} ms, errors {g['errors']}, client CPU {g['client_cpu']:.0%}"
+            )
+        ratios.append(rates["continuous"] / rates["one-at-a-time"])
+    print(f"continuous / one at a time at {streams} streams: " + ", ".join(f"{r:.2f}x" for r in ratios))
+
+
 @app.command("run")
 def run(
     repository: Annotated[Path, typer.Option(help="The demo model repository (make models).")] = Path(
