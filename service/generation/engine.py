@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,6 +24,8 @@ from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
 from service.generation.sequence import FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
+
+log = logging.getLogger(__name__)
 
 Produced = tuple[GenSequence, int, int, FinishReason | None]  # sequence, token, its index, how it ended
 
@@ -121,15 +124,18 @@ class GenerationEngine:
                 continue
             try:
                 result = self.runner.execute(plan)
-            except Exception as e:  # a failing step fails the sequences in it, never the engine
+                produced = [self._record(s, result.tokens[s.id]) for s in [*plan.prefill, *plan.decode]]
+            except Exception as e:  # a failing step fails the sequences in it, never the engine thread
                 failed = [*plan.prefill, *plan.decode]
                 for seq in failed:
                     seq.aborted = True  # out of the next plan at once
                 self._to_loop(self._fail, failed, e)
                 continue
-            produced = [self._record(seq, result.tokens[seq.id]) for seq in [*plan.prefill, *plan.decode]]
             if self._hooks.on_step is not None:
-                self._hooks.on_step(plan, result)
+                try:
+                    self._hooks.on_step(plan, result)
+                except Exception:  # metrics must never stop generation
+                    log.exception("generation step hook failed")
             self._to_loop(self._deliver, [p for p in produced if p is not None])
 
     def _record(self, seq: GenSequence, token: int) -> Produced | None:

@@ -207,3 +207,39 @@ def test_a_client_that_leaves_frees_its_slot(parts: tuple[Any, ...]) -> None:
         await engine.close()
 
     run(main())
+
+
+class FailsOnce:
+    """An engine whose next call raises, then works: a step failing mid-generation."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.input_names = engine.input_names
+        self.armed = False
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("engine exploded")
+        return self.engine.run(feeds)
+
+
+def test_a_failing_step_fails_its_sequences_and_the_engine_serves_on(parts: tuple[Any, ...]) -> None:
+    engine, layout, encoder, executor = parts
+    flaky = FailsOnce(engine)
+    prompt = ids(parts, PROMPTS[0])
+    expected = alone(parts, prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+
+    async def main() -> None:
+        gen = GenerationEngine(
+            DecoderRunner(flaky, layout), Scheduler(SchedulerConfig()), encoder.decode, None, executor
+        )
+        gen.start()
+        flaky.armed = True
+        with pytest.raises(RuntimeError, match="engine exploded"):
+            await gen.generate(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+        seq, _ = await gen.generate(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+        assert seq.output == expected and seq.finish_reason == "length"
+        await gen.close()
+
+    run(main())
