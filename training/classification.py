@@ -110,7 +110,7 @@ def teacher_step(model: nn.Module, batch: Batch, teacher: nn.Module | None = Non
 
 def distill_step(config: DistillConfig, alignment: steps.HiddenAlignment | None = None) -> StepFn:
     """Match the frozen teacher's softened class distribution and the hard labels."""
-    return steps.distill_step(config, alignment=alignment)
+    return steps.distill_step(config, alignment=alignment, memo=steps.TeacherMemo())
 
 
 def evaluate(

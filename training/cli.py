@@ -107,6 +107,13 @@ WarmupOpt = typer.Option(
 DecayOpt = typer.Option(0.01, "--weight-decay", min=0.0, help="AdamW weight decay (not on biases/LayerNorm).")
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this many optimiser steps.")
 PrecisionOpt = typer.Option("no", "--mixed-precision", help="no, fp16 (GPU) or bf16.")
+DropoutOpt = typer.Option(
+    None,
+    "--dropout",
+    min=0.0,
+    max=0.99,
+    help="Dropout rate for this run (default: the model's own); 0 saves 10-15 % of a CPU step.",
+)
 CpuOpt = typer.Option(False, "--cpu", help="Train on CPU even when a GPU is present.")
 ThreadsOpt = typer.Option(
     None, "--threads", min=1, help="CPU threads for PyTorch (default: available cores)."
@@ -140,6 +147,7 @@ def _train_config(
     warmup_ratio: float,
     weight_decay: float,
     max_steps: int | None,
+    dropout: float | None,
     mixed_precision: str,
     cpu: bool,
     early_stop_patience: int | None,
@@ -157,6 +165,7 @@ def _train_config(
         warmup_ratio=warmup_ratio,
         weight_decay=weight_decay,
         max_steps=max_steps,
+        dropout=dropout,
         mixed_precision=_check_precision(mixed_precision),
         cpu=cpu,
         early_stop_patience=early_stop_patience,
@@ -190,6 +199,7 @@ def teacher(
     warmup_ratio: float = WarmupOpt,
     weight_decay: float = DecayOpt,
     max_steps: int | None = MaxStepsOpt,
+    dropout: float | None = DropoutOpt,
     mixed_precision: str = PrecisionOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
@@ -223,6 +233,7 @@ def teacher(
             warmup_ratio=warmup_ratio,
             weight_decay=weight_decay,
             max_steps=max_steps,
+            dropout=dropout,
             mixed_precision=mixed_precision,
             cpu=cpu,
             early_stop_patience=early_stop_patience,
@@ -301,6 +312,7 @@ def distill_command(
     warmup_ratio: float = WarmupOpt,
     weight_decay: float = DecayOpt,
     max_steps: int | None = MaxStepsOpt,
+    dropout: float | None = DropoutOpt,
     mixed_precision: str = PrecisionOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
@@ -336,6 +348,7 @@ def distill_command(
             warmup_ratio=warmup_ratio,
             weight_decay=weight_decay,
             max_steps=max_steps,
+            dropout=dropout,
             mixed_precision=mixed_precision,
             cpu=cpu,
             early_stop_patience=early_stop_patience,

@@ -233,3 +233,31 @@ def make_student(
     for student_index, teacher_index in enumerate(layer_map):
         student_stack[student_index].load_state_dict(teacher_stack[teacher_index].state_dict())
     return student
+
+
+# Config fields that hold a dropout probability (BERT's and GPT-2's names); None means "use another".
+_DROPOUT_FIELDS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+)
+
+
+def set_dropout(model: nn.Module, probability: float) -> None:
+    """Every dropout in the model at `probability`, and its config saying so (students cut from it follow).
+
+    Dropout layers take their rate at construction, so the config alone would change nothing until a
+    reload; BERT's SDPA attention keeps its rate as a float attribute rather than a Dropout module.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = probability
+        if isinstance(getattr(module, "dropout_prob", None), float):
+            module.dropout_prob = probability  # type: ignore[assignment]
+    config = getattr(model, "config", None)
+    for field in _DROPOUT_FIELDS:
+        if getattr(config, field, None) is not None:
+            setattr(config, field, probability)

@@ -233,7 +233,7 @@ def teacher_step(model: nn.Module, batch: Batch, teacher: nn.Module | None = Non
 def distill_step(config: DistillConfig, alignment: steps.HiddenAlignment | None = None) -> StepFn:
     """Match the frozen teacher's softened start and end distributions (KD on each, averaged) and the
     answer tokens; with an alignment, the teacher's hidden states too."""
-    return steps.distill_step(config, span_targets, alignment)
+    return steps.distill_step(config, span_targets, alignment, steps.TeacherMemo(pad_logit=PAD_LOGIT))
 
 
 # --------------------------------------------------------------------------- prediction and metrics

@@ -44,7 +44,7 @@ from training.report import (
 )
 from training.steps import HiddenAlignment, make_alignment, model_inputs, trains_with
 from training.tokenizer import TRAINERS, save_tokenizer, special_token_ids
-from training.trainer import Batch, EvalFn, StepFn, TrainConfig, train
+from training.trainer import Batch, EvalFn, History, StepFn, TrainConfig, train
 
 __all__ = ["TASKS", "DistillConfig", "Task", "distill", "get_task", "train_teacher"]
 
@@ -161,6 +161,15 @@ def _evaluator(task: Task, data: Any, tokenizer: PreTrainedTokenizerBase, max_le
     return evaluate
 
 
+def _final_metrics(
+    history: History, cfg: TrainConfig, evaluate: EvalFn, model: PreTrainedModel
+) -> dict[str, float]:
+    """The trained weights' metrics: the loop scored them at their epoch's end, so only a mixed-precision
+    run (scored under autocast there) is scored again, in full precision like the teacher it is set beside."""
+    metrics = history.final_metrics()
+    return metrics if metrics and cfg.mixed_precision == "no" else evaluate(model)
+
+
 def _latency_inputs(
     task: Task, data: Any, tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, max_length: int
 ) -> Batch:
@@ -237,7 +246,7 @@ def train_teacher(
     history = train(model, loader, task.teacher_step, cfg, evaluate=evaluate, description="teacher")
     if not history.is_main_process:
         return {}
-    metrics = evaluate(model)
+    metrics = _final_metrics(history, cfg, evaluate, model)
 
     out = Path(out_dir)
     model.save_pretrained(out)
@@ -318,7 +327,7 @@ def distill(
         history = train(model, loader, step, cfg, teacher=teacher, evaluate=evaluate, description="student")
     if not history.is_main_process:
         return {}
-    metrics = evaluate(model)
+    metrics = _final_metrics(history, cfg, evaluate, model)
     agreement = task.agreement(model, teacher, eval_data, tokenizer, max_length=max_length)
 
     out = Path(out_dir)

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from transformers import get_linear_schedule_with_warmup
 
 from training.losses import LossTerms
+from training.models import set_dropout
 
 Batch = dict[str, torch.Tensor]
 # (model being trained, batch on its device, frozen teacher or None) -> loss terms; `total` backpropagates.
@@ -47,6 +48,8 @@ StepFn = Callable[[nn.Module, Batch, nn.Module | None], LossTerms]
 # The unwrapped model -> metrics, e.g. {"accuracy": 0.91}; called once at the end of every epoch.
 EvalFn = Callable[[nn.Module], dict[str, float]]
 
+# What an epoch record holds besides evaluate()'s metrics.
+EPOCH_FIELDS = frozenset({"epoch", "step", "train_loss", "examples", "examples_per_s", "seconds"})
 STATE_FILE = "trainer_state.json"  # written last: a checkpoint directory without it is incomplete
 _CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 
@@ -62,6 +65,10 @@ class TrainConfig:
     warmup_ratio: float = 0.1
     grad_accum_steps: int = 1
     max_grad_norm: float = 1.0
+    # Dropout rate for the run (None: the model's own). 0 on a CPU budget: PyTorch's CPU dropout costs
+    # 10-15 % of a small model's step (measured on MiniLM and the demo GPT-2), and a run of one or two
+    # passes over its data is not what dropout protects against.
+    dropout: float | None = None
     max_steps: int | None = None  # stop early after this many optimiser steps (quick runs, smoke tests)
     seed: int = 0
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
@@ -92,6 +99,8 @@ class TrainConfig:
         problems = [
             f"{name} must be >= 1" for name, value in counts.items() if value is not None and value < 1
         ]
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), not {self.dropout}")
         if self.metric_mode not in ("max", "min"):
             problems.append(f"metric_mode must be 'max' or 'min', not {self.metric_mode!r}")
         if self.resume is True and self.checkpoint_dir is None:
@@ -116,6 +125,10 @@ class History:
     is_main_process: bool = True
     best_epoch: int | None = None  # early stopping: the epoch whose weights train() returned
     stopped_early: bool = False  # early stopping ended the run before its epochs or max_steps
+
+    def final_metrics(self) -> dict[str, float]:
+        """What evaluate() said of the returned weights at their epoch's end ({} without evaluate)."""
+        return {k: v for k, v in self.final().items() if k not in EPOCH_FIELDS}
 
     def final(self) -> dict[str, float]:
         """The epoch record that describes the returned weights: the best epoch's under early stopping."""
@@ -392,6 +405,8 @@ def train(
         # Shuffle by (seed, epoch): the same order on every process, and again after a resume.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
     )
+    if cfg.dropout is not None:
+        set_dropout(model, cfg.dropout)
     if teacher is not None:
         teacher.requires_grad_(False)
         teacher.eval().to(accelerator.device)

@@ -24,6 +24,7 @@ from training.models import (
     load_trained,
     make_student,
     preset_family,
+    set_dropout,
 )
 
 LABELS = ["negative", "positive"]
@@ -214,3 +215,30 @@ def test_gpt2_preset_teacher_takes_the_tokenizer_special_ids() -> None:
     assert preset_family("gpt2-demo") == "gpt2" and preset_family("bert-demo") == "bert"
     mlm = load_teacher("bert-tiny", "fill-mask", tokenizer_vocab_size=100)
     assert isinstance(mlm, BertForMaskedLM) and mlm.config.vocab_size == 100
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_dropout_off_makes_training_mode_deterministic_and_is_saved(family: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    if family == "bert":
+        model: PreTrainedModel = BertForMaskedLM(
+            BertConfig(
+                vocab_size=50,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=32,
+                attn_implementation="sdpa",
+            )
+        )
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=32))
+    ids = torch.randint(5, 50, (2, 12))
+    model.train()
+    assert not torch.equal(model(ids).logits, model(ids).logits)  # dropout draws differ call to call
+    set_dropout(model, 0.0)
+    assert torch.equal(model(ids).logits, model(ids).logits)
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).train()  # a student cut from it has none either
+    assert torch.equal(reloaded(ids).logits, reloaded(ids).logits)

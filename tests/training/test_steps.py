@@ -1,15 +1,17 @@
-"""The shared distillation step with hidden-state alignment: layer pairs, a trained projection, the terms."""
+"""The shared distillation step: hidden-state alignment (layer pairs, a trained projection, the terms) and
+the teacher memo that spares later epochs the teacher's forward."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, PreTrainedModel
+from transformers import BertConfig, BertForMaskedLM, BertForQuestionAnswering, PreTrainedModel
 
 from training.losses import LossTerms
 from training.models import make_student
+from training.qa import PAD_LOGIT, span_targets
 from training.recipes import DistillConfig
-from training.steps import distill_step, make_alignment, trains_with
+from training.steps import TeacherMemo, distill_step, make_alignment, trains_with
 
 
 def _teacher() -> PreTrainedModel:
@@ -85,3 +87,73 @@ def test_projection_trains_with_a_narrower_student_and_is_not_saved() -> None:
     assert not torch.equal(before, alignment.projection.weight)
     assert not hasattr(student, "hidden_projection")
     assert not any(k.startswith("hidden_projection") for k in student.state_dict())
+
+
+class _Counting(torch.nn.Module):
+    """A teacher that counts its forward passes."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, **inputs: torch.Tensor) -> object:
+        self.calls += 1
+        return self.inner(**inputs)
+
+
+def _qa_batch(order: list[int], width: int) -> dict[str, torch.Tensor]:
+    """Four windows of 6-9 real tokens in the given order, right-padded to `width`."""
+    torch.manual_seed(2)
+    ids, lengths = torch.randint(5, 40, (4, 9)), [6, 9, 7, 8]
+    batch = torch.zeros(4, width, dtype=torch.long)
+    mask = torch.zeros(4, width, dtype=torch.long)
+    for row, example in enumerate(order):
+        batch[row, : lengths[example]] = ids[example, : lengths[example]]
+        mask[row, : lengths[example]] = 1
+    answers = torch.tensor([[1, 2], [3, 5], [0, 0], [2, 2]])[order]
+    return {
+        "input_ids": batch,
+        "attention_mask": mask,
+        "start_positions": answers[:, 0],
+        "end_positions": answers[:, 1],
+    }
+
+
+def test_teacher_memo_serves_later_epochs_without_running_the_teacher() -> None:
+    """The second epoch shuffles and pads the windows differently, yet gets the teacher's own logits from
+    memory: the losses are those of a step that runs the teacher."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    teacher = _Counting(BertForQuestionAnswering(config).eval())
+    student = make_student(teacher.inner, 1, [0]).eval()
+    memoised = distill_step(DistillConfig(layers=1), span_targets, memo=TeacherMemo(pad_logit=PAD_LOGIT))
+    live = distill_step(DistillConfig(layers=1), span_targets)
+
+    memoised(student, _qa_batch([0, 1, 2, 3], width=9), teacher)
+    assert teacher.calls == 1
+    later = _qa_batch([3, 1, 0, 2], width=12)
+    remembered = memoised(student, later, teacher)
+    assert teacher.calls == 1  # every window was seen: no teacher forward
+    fresh = live(student, later, teacher)
+    assert teacher.calls == 2
+    for a, b in zip(remembered, fresh, strict=True):
+        if a is not None:
+            assert a.item() == pytest.approx(b.item(), rel=1e-5, abs=1e-6)
+
+    memoised(student, _qa_batch([0, 1, 2, 3], width=9) | {"input_ids": torch.full((4, 9), 7)}, teacher)
+    assert teacher.calls == 3  # unseen inputs run the teacher
+
+
+def test_teacher_memo_is_off_with_hidden_alignment() -> None:
+    teacher, batch = _teacher(), _batch()
+    counting = _Counting(teacher)
+    student = make_student(teacher, 2, [0, 3]).eval()
+    config = DistillConfig(layers=2, alpha_hidden=1.0)
+    step = distill_step(
+        config, alignment=make_alignment(student, teacher, [0, 3], "cosine"), memo=TeacherMemo()
+    )
+    step(student, batch, counting)
+    step(student, batch, counting)
+    assert counting.calls == 2  # the hidden states are needed every step

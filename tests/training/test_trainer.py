@@ -189,6 +189,8 @@ def test_early_stopping_stops_and_returns_the_best_weights(
 
     assert len(history.epochs) == 4 and history.stopped_early  # epochs 3 and 4 did not beat epoch 2
     assert history.best_epoch == 2 and history.final()[evaluate.name] == values[1]
+    scores = {"accuracy": values[1]} if not metric else {"accuracy": 0.5, "perplexity": values[1]}
+    assert history.final_metrics() == scores  # what a report records for the returned weights
     assert all(torch.equal(v, evaluate.seen[1][k]) for k, v in model.state_dict().items())
 
 
@@ -257,5 +259,12 @@ def test_config_rejects_settings_that_would_fail_late() -> None:
         TrainConfig(resume=True)
     with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
         TrainConfig(keep_checkpoints=0)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        TrainConfig(dropout=1.0)
     with pytest.raises(ValueError, match="needs an evaluate"):
         _run(_cfg(epochs=1, early_stop_patience=1))
+
+
+def test_a_dropout_setting_holds_for_the_run() -> None:
+    model, _ = _run(_cfg(epochs=1, dropout=0.0), dropout=0.5)
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, nn.Dropout))
