@@ -14,7 +14,8 @@ from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
-from service.generation.scheduler import Scheduler, SchedulerConfig
+from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
+from service.generation.sequence import Sequence
 from service.repository import read_version
 from service.tokenization import TextEncoder
 from tests.conftest import TASK_MODEL_NAMES
@@ -243,3 +244,36 @@ def test_a_failing_step_fails_its_sequences_and_the_engine_serves_on(parts: tupl
         await gen.close()
 
     run(main())
+
+
+def test_joins_and_leaves_keep_every_sequence_exact_and_the_cache_bounded(parts: tuple[Any, ...]) -> None:
+    """The runner alone under churn: a sequence joins every other step and each leaves at its own length, so
+    the running batch is rebuilt around rows that stay (their gaps kept, the leavers' columns dropped).
+    Every output equals the sequence run alone, and the cache never grows past one sequence's span."""
+    engine, layout = parts[0], parts[1]
+    prompts = [ids(parts, p) for p in PROMPTS * 2]
+    lengths = [5 + (7 * i) % 11 for i in range(len(prompts))]  # 5..15 new tokens, all different neighbours
+
+    def solo(prompt: list[int], n: int) -> list[int]:
+        runner, seq = DecoderRunner(engine, layout), Sequence(prompt, SamplingParams(max_new_tokens=n))
+        plan = StepPlan(prefill=[seq], decode=[])
+        while len(seq.output) < n:
+            seq.output.append(runner.execute(plan).tokens[seq.id])
+            plan = StepPlan(prefill=[], decode=[seq])
+        return seq.output
+
+    runner = DecoderRunner(engine, layout)
+    waiting = [Sequence(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, lengths, strict=True)]
+    everyone, running, step, widest = list(waiting), list[Sequence](), 0, 0
+    while waiting or running:
+        joining = [waiting.pop(0)] if waiting and step % 2 == 0 else []
+        plan = StepPlan(prefill=joining, decode=running)
+        tokens = runner.execute(plan).tokens
+        for seq in [*joining, *running]:
+            seq.output.append(tokens[seq.id])
+        running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
+        if runner._batch is not None:
+            widest = max(widest, runner._batch.mask.shape[1])
+        step += 1
+    assert [s.output for s in everyone] == [solo(p, n) for p, n in zip(prompts, lengths, strict=True)]
+    assert widest <= max(len(p) for p in prompts) + max(lengths)
