@@ -149,12 +149,15 @@ def test_cli_distill_from_the_demo_teacher(demo_pair: tuple[Path, Path], tmp_pat
         app,
         ["distill", "--teacher", str(teacher_dir), "--train", str(data / "train.jsonl"),
          "--eval", str(data / "eval.jsonl"), "--out", str(out), "--layers", "1", "--layer-map", "1",
-         "--epochs", "1", "--max-steps", "2", "--threads", "2"],
+         "--epochs", "1", "--max-steps", "2", "--threads", "2", "--dropout", "0"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads((out / DISTILL_REPORT).read_text())
     assert report["student"]["layer_map"] == [1]
     assert report["recipe"]["max_steps"] == 2
+    assert report["recipe"]["dropout"] == 0.0
+    saved = AutoModelForSequenceClassification.from_pretrained(out).config
+    assert saved.hidden_dropout_prob == saved.attention_probs_dropout_prob == 0.0
 
 
 @pytest.mark.parametrize("command", ["teacher", "distill"])

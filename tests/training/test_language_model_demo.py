@@ -117,7 +117,16 @@ def test_cli_teacher_trains_a_fill_mask_preset(
 def test_cli_help_lists_every_option_and_the_task_defaults(command: str) -> None:
     result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
     assert result.exit_code == 0
-    options = ["--task", "--train", "--eval", "--epochs", "--lr", "--max-steps", "--mixed-precision"]
+    options = [
+        "--task",
+        "--train",
+        "--eval",
+        "--epochs",
+        "--lr",
+        "--max-steps",
+        "--mixed-precision",
+        "--dropout",
+    ]
     if command == "distill":
         options += [
             "--temperature",
