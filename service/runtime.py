@@ -179,7 +179,7 @@ def _generation_engine(
     return GenerationEngine(
         DecoderRunner(engine, layout),
         Scheduler(config),
-        encoder.decode,
+        encoder.text_stream,
         layout.eos_token_id,
         executor,
         metrics.generation_hooks(name),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from service.manifest import TokenizerSpec
 
@@ -24,6 +25,39 @@ class EncodedText:
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+class TextStream:
+    """The text a growing sequence of generated tokens spells, handed out piece by piece.
+
+    tokenizers' DecodeStream decodes a few tokens' window per step, where decoding the whole output at every
+    token cost O(n) per token (64 tokens: 6.6 us a token; 512: 75 us). Should a decoder ever rewrite text
+    it already gave out (DecodeStream then raises), this stream falls back to decoding everything so far.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._stream: DecodeStream | None = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._ids: list[int] = []
+        self._emitted = 0  # characters handed out
+
+    def step(self, token_id: int) -> str | None:
+        """The text this token completes; None while it ends mid-character (the rest comes later)."""
+        self._ids.append(token_id)
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._tokenizer, token_id)
+            except Exception:  # tokenizers raises a plain Exception for a prefix it cannot extend
+                self._stream = None
+            else:
+                self._emitted += len(piece or "")
+                return piece
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special_tokens)
+        if text.endswith("\ufffd"):
+            return None
+        piece, self._emitted = text[self._emitted :], len(text)
+        return piece
 
 
 class TextEncoder:
@@ -87,6 +121,10 @@ class TextEncoder:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def text_stream(self) -> TextStream:
+        """A new incremental decoder for one generated sequence."""
+        return TextStream(self._tokenizer)
 
     @staticmethod
     def _convert(e: Encoding) -> EncodedText:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
-from service.generation.sequence import FinishReason, TokenEvent
+from service.generation.sequence import Detokenizer, FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
 
 log = logging.getLogger(__name__)
@@ -45,14 +45,14 @@ class GenerationEngine:
         self,
         runner: DecoderRunner,
         scheduler: Scheduler,
-        decode: Callable[[Sequence[int]], str],
+        detokenizer: Callable[[], Detokenizer],
         eos_token_id: int | None,
         executor: Executor,
         hooks: EngineHooks | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
-        self._decode = decode
+        self._detokenizer = detokenizer  # a new incremental decoder per sequence
         self.eos_token_id = eos_token_id
         self._executor = executor
         self._hooks = hooks or EngineHooks()
@@ -81,7 +81,7 @@ class GenerationEngine:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> GenSequence:
         """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken)."""
-        seq = GenSequence(prompt=list(prompt), params=params)
+        seq = GenSequence(prompt=list(prompt), params=params, detokenizer=self._detokenizer())
         with self._lock:
             self.scheduler.add(seq)
         self._report_queue()
@@ -175,7 +175,7 @@ class GenerationEngine:
             self._hooks.on_token(now - seq.last_token_at)
         seq.last_token_at = now
         seq.streamed = index + 1
-        delta, stopped = ("", False) if finish == "eos" else self._new_text(seq)
+        delta, stopped = ("", False) if finish == "eos" else self._new_text(seq, token)
         if stopped:
             finish = "stop"
             self._work.set()  # the engine thread drops it at its next step
@@ -183,20 +183,21 @@ class GenerationEngine:
             seq.finish_reason, seq.ended = finish, True
         seq.events.put_nowait(TokenEvent(token, delta, finish, index))
 
-    def _new_text(self, seq: GenSequence) -> tuple[str, bool]:
+    def _new_text(self, seq: GenSequence, token: int) -> tuple[str, bool]:
         """The text this token completes (held back mid-character), cut at the first stop string."""
-        full = self._decode(seq.output[: seq.streamed])
-        for stop in seq.params.stop:
-            at = full.find(stop, max(0, len(seq.text) - len(stop) + 1))
-            if at != -1:
-                delta = full[:at][len(seq.text) :]
-                seq.text = full[:at]
-                return delta, True
-        if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+        assert seq.detokenizer is not None
+        piece = seq.detokenizer.step(token)
+        if not piece:
             return "", False
-        delta = full[len(seq.text) :]
-        seq.text = full
-        return delta, False
+        before = len(seq.text)
+        seq.text += piece
+        for stop in seq.params.stop:
+            at = seq.text.find(stop, max(0, before - len(stop) + 1))
+            if at != -1:
+                delta = seq.text[before:at]
+                seq.text = seq.text[:at]
+                return delta, True
+        return piece, False
 
     def _fail(self, seqs: list[GenSequence], error: Exception) -> None:
         for seq in seqs:

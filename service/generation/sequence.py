@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -16,6 +16,11 @@ from service.generation.sampling import SamplingParams
 
 FinishReason = Literal["length", "eos", "stop"]
 _ids = itertools.count()
+
+
+class Detokenizer(Protocol):
+    def step(self, token_id: int) -> str | None:
+        """The text this token completes, or None while it ends mid-character."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,14 @@ class Sequence:
     finish_reason: FinishReason | None = None
     aborted: bool = False  # the client went away: free the slot at the next step
     error: Exception | None = None  # the engine failed on a step this sequence was in
-    text: str = ""  # detokenized output, up to the last complete character
+    text: str = ""  # detokenized output streamed so far, up to the last complete character
     streamed: int = 0  # tokens handed to the client: `output` may already hold the engine's next ones
     ended: bool = False  # the client got its last event (the event loop's view; finish_reason is shared)
     arrived_at: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     rng: np.random.Generator | None = None
+    detokenizer: Detokenizer | None = None  # set by the engine that streams it
 
     def __post_init__(self) -> None:
         if not self.params.greedy:

@@ -48,7 +48,7 @@ def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None =
     return GenerationEngine(
         DecoderRunner(engine, layout),
         Scheduler(SchedulerConfig(max_running=max_running)),
-        encoder.decode,
+        encoder.text_stream,
         layout.eos_token_id if eos == -1 else eos,
         executor,
     )
@@ -233,7 +233,7 @@ def test_a_failing_step_fails_its_sequences_and_the_engine_serves_on(parts: tupl
 
     async def main() -> None:
         gen = GenerationEngine(
-            DecoderRunner(flaky, layout), Scheduler(SchedulerConfig()), encoder.decode, None, executor
+            DecoderRunner(flaky, layout), Scheduler(SchedulerConfig()), encoder.text_stream, None, executor
         )
         gen.start()
         flaky.armed = True
