@@ -1,0 +1,78 @@
+"""The int8 variant: which products it quantizes, and the Gemm rewrite that lets it reach GPT-2's layers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from export.variants import build_int8, gemms_as_matmuls
+from tests.conftest import TASK_MODEL_NAMES
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(session.run(None, feeds))
+
+
+def gemm_graph() -> onnx.ModelProto:
+    """x @ w1.T + b (w1 also an output: shared), then @ w2 without a bias, then a Gemm with alpha != 1."""
+    rng = np.random.default_rng(0)
+    w1, b1, w2 = rng.normal(size=(16, 8)), rng.normal(size=16), rng.normal(size=(16, 4))
+    inits = [
+        numpy_helper.from_array(a.astype(np.float32), name)
+        for a, name in ((w1, "w1"), (b1, "b1"), (w2, "w2"))
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="first", transB=1),
+        helper.make_node("Gemm", ["h", "w2"], ["y"], name="second"),
+        helper.make_node("Gemm", ["h", "w2"], ["z"], name="scaled", alpha=0.5),
+        helper.make_node("Identity", ["w1"], ["w1_out"], name="keep"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gemms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+            for name, shape in (("y", [3, 4]), ("z", [3, 4]), ("w1_out", [16, 8]))
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_gemms_become_matmul_and_add_with_the_same_outputs() -> None:
+    model = gemm_graph()
+    feeds = {"x": np.random.default_rng(1).normal(size=(3, 8)).astype(np.float32)}
+    before = run(model, feeds)
+    gemms_as_matmuls(model.graph)
+    onnx.checker.check_model(model)
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops == {"MatMul": 2, "Add": 1, "Gemm": 1, "Identity": 1}  # alpha != 1 is left a Gemm
+    for got, want in zip(run(model, feeds), before, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # the shared w1 is still output as it was
+
+
+def test_int8_quantizes_gpt2_layers_but_not_attention_or_the_tied_head(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    fp32 = tiny_repository / TASK_MODEL_NAMES["text-generation"] / "1" / "model.onnx"
+    layers = sum(n.op_type == "Gemm" for n in onnx.load(str(fp32)).graph.node)
+    assert layers > 0  # GPT-2's Conv1D layers export as Gemm: ORT's dynamic quantization has no integer Gemm
+    build_int8(fp32, tmp_path / "int8.onnx")
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    ops = Counter(n.op_type for n in graph.node)
+    assert ops["MatMulInteger"] == layers and ops["Gemm"] == 0
+    float_products = [n for n in graph.node if n.op_type == "MatMul"]
+    assert {n.name.split("/")[-1] for n in float_products} == {"MatMul", "MatMul_1"}  # q @ k, probs @ v, head
+    assert any("lm_head" in n.name for n in float_products)
+    tables = {
+        n.name.split("/")[-2]: n.input[0] for n in graph.node if n.op_type == "Gather" and "/w" in n.name
+    }
+    assert tables["wte"] == "transformer.wte.weight"  # tied to the output head: stays fp32
+    assert tables["wpe"].endswith("_quantized")  # the position table is read by its lookup alone
