@@ -124,17 +124,23 @@ def compare(
     per_position: bool,
     agreement_batches: int | None = None,
 ) -> ParityReport:
-    """Compare outputs batch by batch; agreement counts only the last `agreement_batches` (the eval set)."""
+    """Compare outputs batch by batch; agreement counts only the last `agreement_batches` (the eval set).
+
+    A row agrees when the argmax of every output does: for QA, the span's start and its end, since a
+    span with one end moved is a different answer to the user."""
     worst, agree, rows = 0.0, 0, 0
     first_counted = len(batches) - (agreement_batches or len(batches))
     for index, (expected_out, got_out, feeds) in enumerate(zip(reference, candidate, batches, strict=True)):
+        hits: np.ndarray | None = None
         for name in names:
             expected, got, diff = _real(
                 expected_out[name], got_out[name], feeds["attention_mask"], per_position
             )
             if diff.size:
                 worst = max(worst, float(diff.max()))
-            if index >= first_counted:
-                agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
-                rows += int(expected.shape[0])
+            same = got.argmax(-1) == expected.argmax(-1)
+            hits = same if hits is None else hits & same
+        if index >= first_counted and hits is not None:
+            agree += int(hits.sum())
+            rows += int(hits.shape[0])
     return ParityReport(max_abs_diff=worst, top1_agreement=agree / max(rows, 1), rows=rows)

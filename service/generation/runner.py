@@ -117,11 +117,7 @@ class DecoderRunner:
         ids = np.array([[s.output[-1]] for s in seqs], dtype=np.int64)
         outputs = self._run(ids, mask, batch.cached[:, None], batch.past)
         self._batch = DecodeBatch(batch.ids, self._presents(outputs), mask, batch.cached + 1)
-        logits = outputs["logits"]
-        return {
-            s.id: next_token(logits[row, -1], s.params, s.prompt + s.output, s.rng)
-            for row, s in enumerate(seqs)
-        }
+        return dict(zip((s.id for s in seqs), _next_tokens(outputs["logits"][:, -1], seqs), strict=True))
 
     def _rebuild(self, seqs: Seq[Sequence]) -> DecodeBatch:
         """The batch for `seqs`: rows that ran last step keep their cache, new ones bring their own."""
@@ -170,3 +166,15 @@ def _staying(batch: DecodeBatch, rows: list[int]) -> DecodeBatch:
     columns: slice | np.ndarray = slice(None) if len(used) == mask.shape[1] else used
     past = [(keys[index][:, :, columns], values[index][:, :, columns]) for keys, values in batch.past]
     return DecodeBatch([batch.ids[r] for r in rows], past, mask[:, columns], batch.cached[index])
+
+
+def _next_tokens(logits: np.ndarray, seqs: Seq[Sequence]) -> list[int]:
+    """One token per row of `logits` [batch, vocab]: the plain greedy rows (no repetition penalty, most of
+    them) from one argmax over the batch, the others through the sampler one by one."""
+    best = logits.argmax(axis=-1)
+    return [
+        int(best[row])
+        if s.params.greedy and s.params.repetition_penalty == 1.0
+        else next_token(logits[row], s.params, s.prompt + s.output, s.rng)
+        for row, s in enumerate(seqs)
+    ]
