@@ -7,10 +7,11 @@ sequence keeps its own position ids, so a sequence computes the same logits alon
 The running batch's cache is the graph's own `present` output of the last step, fed back as the next
 step's `past` as long as the batch holds the same sequences: a step copies no cache on the Python side.
 Only when sequences join or leave is the batch rebuilt: the rows that stay keep their layout, gaps
-included (the mask hides them), minus the columns no staying row uses any more, in one copy per tensor;
-the new rows bring their prefill caches. With per-sequence caches gathered every step, that copying was a
-third of a decode step; compacting each staying row on its own was a sixth of the engine thread's time
-under a 16-stream load, where sequences join one by one.
+included (the mask hides them), in one copy per tensor (a run of rows is copied through a view, not
+gathered first), and the new rows bring their prefill caches. Columns that no staying row uses any more
+are dropped only once they are a quarter of the width. With per-sequence caches gathered every step, that
+copying was a third of a decode step; compacting each staying row on its own was a sixth of the engine
+thread's time under a 16-stream load, and gathering rows and columns at every join still a quarter.
 """
 
 from __future__ import annotations
@@ -132,9 +133,11 @@ class DecoderRunner:
                 stay.append((row, old_rows[s.id]))
             else:
                 raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
-        kept = _staying(old, [o for _, o in stay]) if old is not None and stay else None
-        widths = [cache[0][0].shape[1] for _, cache in fresh] + ([kept.mask.shape[1]] if kept else [])
-        width = max(widths)
+        kept_rows = _rows(np.array([o for _, o in stay], dtype=np.intp))
+        columns, kept_width = (
+            _kept_columns(old.mask[kept_rows], SLACK) if old is not None and stay else (slice(0), 0)
+        )
+        width = max([kept_width] + [cache[0][0].shape[1] for _, cache in fresh])
         layout = self.layout
         shape = (len(seqs), layout.num_heads, width, layout.head_dim)
         past = [
@@ -142,12 +145,13 @@ class DecoderRunner:
         ]
         mask = np.zeros((len(seqs), width), dtype=np.int64)
         cached = np.zeros(len(seqs), dtype=np.int64)
-        if kept is not None:
-            rows, kept_width = np.array([r for r, _ in stay]), kept.mask.shape[1]
-            mask[rows, :kept_width], cached[rows] = kept.mask, kept.cached
-            for (keys, values), (kept_keys, kept_values) in zip(past, kept.past, strict=True):
-                keys[rows, :, :kept_width] = kept_keys
-                values[rows, :, :kept_width] = kept_values
+        if old is not None and stay:
+            rows = _rows(np.array([r for r, _ in stay], dtype=np.intp))
+            mask[rows, :kept_width] = old.mask[kept_rows][:, columns]
+            cached[rows] = old.cached[kept_rows]
+            for (keys, values), (old_keys, old_values) in zip(past, old.past, strict=True):
+                keys[rows, :, :kept_width] = old_keys[kept_rows][:, :, columns]
+                values[rows, :, :kept_width] = old_values[kept_rows][:, :, columns]
         for row, cache in fresh:
             n = cache[0][0].shape[1]
             mask[row, :n], cached[row] = 1, n
@@ -157,15 +161,25 @@ class DecoderRunner:
         return DecodeBatch([s.id for s in seqs], past, mask, cached)
 
 
-def _staying(batch: DecodeBatch, rows: list[int]) -> DecodeBatch:
-    """These rows of the batch, their layout kept (gaps included: the mask hides them), minus the columns
-    that none of them uses (what only the leavers held). One copy per tensor, whatever the batch size."""
-    index = np.array(rows)
-    mask = batch.mask[index]
+SLACK = 0.25  # the share of the cache's width that may be columns no row uses before a rebuild drops them
+
+
+def _rows(index: np.ndarray) -> slice | np.ndarray:
+    """A run of consecutive rows as a slice (numpy then copies through a view, not a gathered temporary)."""
+    if len(index) and index[-1] - index[0] == len(index) - 1:
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
+def _kept_columns(mask: np.ndarray, slack: float) -> tuple[slice | np.ndarray, int]:
+    """The cache columns the staying rows keep, and how many: all of them (gaps included, the mask hides
+    them) until more than `slack` of the width is used by none of them (what only leavers held); then
+    only the used ones. Dropping at every leave cost a gathered copy of the whole cache per tensor."""
+    width = mask.shape[1]
     used = np.flatnonzero(mask.any(axis=0))
-    columns: slice | np.ndarray = slice(None) if len(used) == mask.shape[1] else used
-    past = [(keys[index][:, :, columns], values[index][:, :, columns]) for keys, values in batch.past]
-    return DecodeBatch([batch.ids[r] for r in rows], past, mask[:, columns], batch.cached[index])
+    if width - len(used) <= slack * width:
+        return slice(None), width
+    return used, len(used)
 
 
 def _next_tokens(logits: np.ndarray, seqs: Seq[Sequence]) -> list[int]:

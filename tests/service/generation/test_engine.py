@@ -12,7 +12,7 @@ import pytest
 
 from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
-from service.generation.runner import DecoderRunner
+from service.generation.runner import SLACK, DecoderRunner
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
@@ -249,7 +249,8 @@ def test_a_failing_step_fails_its_sequences_and_the_engine_serves_on(parts: tupl
 def test_joins_and_leaves_keep_every_sequence_exact_and_the_cache_bounded(parts: tuple[Any, ...]) -> None:
     """The runner alone under churn: a sequence joins every other step and each leaves at its own length, so
     the running batch is rebuilt around rows that stay (their gaps kept, the leavers' columns dropped).
-    Every output equals the sequence run alone, and the cache never grows past one sequence's span."""
+    Every output equals the sequence run alone, and the cache never grows past one sequence's span plus the
+    slack of unused columns a rebuild tolerates."""
     engine, layout = parts[0], parts[1]
     prompts = [ids(parts, p) for p in PROMPTS * 2]
     lengths = [5 + (7 * i) % 11 for i in range(len(prompts))]  # 5..15 new tokens, all different neighbours
@@ -276,4 +277,5 @@ def test_joins_and_leaves_keep_every_sequence_exact_and_the_cache_bounded(parts:
             widest = max(widest, runner._batch.mask.shape[1])
         step += 1
     assert [s.output for s in everyone] == [solo(p, n) for p, n in zip(prompts, lengths, strict=True)]
-    assert widest <= max(len(p) for p in prompts) + max(lengths)
+    span = max(len(p) for p in prompts) + max(lengths)
+    assert widest <= span / (1 - SLACK)
