@@ -140,8 +140,10 @@ class DecoderRunner:
         width = max([kept_width] + [cache[0][0].shape[1] for _, cache in fresh])
         layout = self.layout
         shape = (len(seqs), layout.num_heads, width, layout.head_dim)
+        # Every element is written once below: the rows' caches, then zeros after each row's end (masked
+        # out, but must be finite: a NaN left in memory would survive the attention's zero weight).
         past = [
-            (np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)) for _ in self._past_names
+            (np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)) for _ in self._past_names
         ]
         mask = np.zeros((len(seqs), width), dtype=np.int64)
         cached = np.zeros(len(seqs), dtype=np.int64)
@@ -149,15 +151,17 @@ class DecoderRunner:
             rows = _rows(np.array([r for r, _ in stay], dtype=np.intp))
             mask[rows, :kept_width] = old.mask[kept_rows][:, columns]
             cached[rows] = old.cached[kept_rows]
-            for (keys, values), (old_keys, old_values) in zip(past, old.past, strict=True):
-                keys[rows, :, :kept_width] = old_keys[kept_rows][:, :, columns]
-                values[rows, :, :kept_width] = old_values[kept_rows][:, :, columns]
+            for layer, old_layer in zip(past, old.past, strict=True):
+                for tensor, old_tensor in zip(layer, old_layer, strict=True):
+                    tensor[rows, :, :kept_width] = old_tensor[kept_rows][:, :, columns]
+                    tensor[rows, :, kept_width:] = 0.0
         for row, cache in fresh:
             n = cache[0][0].shape[1]
             mask[row, :n], cached[row] = 1, n
-            for (keys, values), (row_keys, row_values) in zip(past, cache, strict=True):
-                keys[row, :, :n] = row_keys
-                values[row, :, :n] = row_values
+            for layer, row_layer in zip(past, cache, strict=True):
+                for tensor, row_tensor in zip(layer, row_layer, strict=True):
+                    tensor[row, :, :n] = row_tensor
+                    tensor[row, :, n:] = 0.0
         return DecodeBatch([s.id for s in seqs], past, mask, cached)
 
 
