@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from service.api.deps import Collaborators, collaborators, label_request, require_json
+from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, ClassifyRequest, LabelScore
 from service.processors.classification import classify as run_classify
 
-router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
+router = APIRouter(tags=["tasks"])
 
 
 @router.post(
@@ -18,7 +18,7 @@ router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
     summary="Classify one text (-> a list of {label, score}) or a list of texts (-> a list per text).",
 )
 async def classify(
-    body: ClassifyRequest, request: Request, c: Collaborators = Depends(collaborators)
+    body: ClassifyRequest, request: Request, c: Collaborators = Depends(json_collaborators)
 ) -> list[LabelScore] | list[list[LabelScore]]:
     model = c.registry.resolve("text-classification", body.model, body.version)
     label_request(request, model)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from service.api.deps import Collaborators, collaborators, label_request, require_json
+from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, FillMaskCandidate, FillMaskRequest
 from service.processors.fill_mask import fill_mask as run_fill_mask
 
-router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
+router = APIRouter(tags=["tasks"])
 
 
 @router.post(
@@ -18,7 +18,7 @@ router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
     summary="Fill the mask: one text -> a list of candidates; a list of texts -> a list per text.",
 )
 async def fill_mask(
-    body: FillMaskRequest, request: Request, c: Collaborators = Depends(collaborators)
+    body: FillMaskRequest, request: Request, c: Collaborators = Depends(json_collaborators)
 ) -> list[FillMaskCandidate] | list[list[FillMaskCandidate]]:
     model = c.registry.resolve("fill-mask", body.model, body.version)
     label_request(request, model)

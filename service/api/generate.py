@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from service.api.deps import Collaborators, collaborators, label_request, require_json
+from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, CompletionRequest, GenerateRequest, GenerateResponse, SamplingFields
 from service.generation.sampling import SamplingParams
 from service.processors.generation import Prepared, complete, prepare, start_stream
 
-router = APIRouter(tags=["generation"], dependencies=[Depends(require_json)])
+router = APIRouter(tags=["generation"])
 T = TypeVar("T")
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -61,7 +61,9 @@ def event_stream(body: AsyncIterator[bytes]) -> StreamingResponse:
     responses=ERRORS,
     summary="Continue a prompt; with stream=true, one SSE event per token and a final event.",
 )
-async def generate(body: GenerateRequest, request: Request, c: Collaborators = Depends(collaborators)) -> Any:
+async def generate(
+    body: GenerateRequest, request: Request, c: Collaborators = Depends(json_collaborators)
+) -> Any:
     model = c.registry.resolve("text-generation", body.model, body.version)
     label_request(request, model)
     prepared = prepare(
@@ -98,7 +100,7 @@ async def _generate_events(prepared: Prepared) -> AsyncIterator[bytes]:
 
 @router.post("/v1/completions", responses=ERRORS, summary="OpenAI-compatible text completions.")
 async def completions(
-    body: CompletionRequest, request: Request, c: Collaborators = Depends(collaborators)
+    body: CompletionRequest, request: Request, c: Collaborators = Depends(json_collaborators)
 ) -> Any:
     model = c.registry.resolve("text-generation", body.model, None)
     label_request(request, model)

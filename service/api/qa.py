@@ -6,11 +6,11 @@ import asyncio
 
 from fastapi import APIRouter, Depends, Request
 
-from service.api.deps import Collaborators, collaborators, label_request, require_json
+from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, QAAnswer, QARequest
 from service.processors.qa import answer
 
-router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
+router = APIRouter(tags=["tasks"])
 
 
 @router.post(
@@ -20,7 +20,7 @@ router = APIRouter(tags=["tasks"], dependencies=[Depends(require_json)])
     summary="Extract answers: one pair -> an answer (a list with top_k > 1); `inputs` -> one per pair.",
 )
 async def qa(
-    body: QARequest, request: Request, c: Collaborators = Depends(collaborators)
+    body: QARequest, request: Request, c: Collaborators = Depends(json_collaborators)
 ) -> QAAnswer | list[QAAnswer] | list[list[QAAnswer]]:
     model = c.registry.resolve("question-answering", body.model, body.version)
     label_request(request, model)
