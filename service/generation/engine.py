@@ -175,29 +175,29 @@ class GenerationEngine:
             self._hooks.on_token(now - seq.last_token_at)
         seq.last_token_at = now
         seq.streamed = index + 1
-        delta, stopped = ("", False) if finish == "eos" else self._new_text(seq, token)
+        stopped = finish != "eos" and self._add_text(seq, token)
         if stopped:
             finish = "stop"
             self._work.set()  # the engine thread drops it at its next step
         if finish is not None:
             seq.finish_reason, seq.ended = finish, True
-        seq.events.put_nowait(TokenEvent(token, delta, finish, index))
+        seq.events.put_nowait(TokenEvent(token, _unsent(seq, final=finish is not None), finish, index))
 
-    def _new_text(self, seq: GenSequence, token: int) -> tuple[str, bool]:
-        """The text this token completes (held back mid-character), cut at the first stop string."""
+    def _add_text(self, seq: GenSequence, token: int) -> bool:
+        """Append the text this token completes (nothing mid-character); cut at a stop string, if one
+        now appears, and say so."""
         assert seq.detokenizer is not None
         piece = seq.detokenizer.step(token)
         if not piece:
-            return "", False
+            return False
         before = len(seq.text)
         seq.text += piece
         for stop in seq.params.stop:
             at = seq.text.find(stop, max(0, before - len(stop) + 1))
             if at != -1:
-                delta = seq.text[before:at]
                 seq.text = seq.text[:at]
-                return delta, True
-        return piece, False
+                return True
+        return False
 
     def _fail(self, seqs: list[GenSequence], error: Exception) -> None:
         for seq in seqs:
@@ -209,3 +209,20 @@ class GenerationEngine:
     def _report_queue(self) -> None:
         if self._hooks.on_queue is not None:
             self._hooks.on_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+
+
+def _unsent(seq: GenSequence, final: bool) -> str:
+    """The text the client may have now: all of it at the end; before that, all but a tail that could be
+    the start of a stop string (a stop completed by the next token must never have been half sent)."""
+    end = len(seq.text) if final else len(seq.text) - _stop_prefix(seq.text, seq.params.stop)
+    delta = seq.text[seq.sent : end]
+    seq.sent = max(seq.sent, end)
+    return delta
+
+
+def _stop_prefix(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest tail of `text` that some stop string starts with (0: none)."""
+    return max(
+        (n for stop in stops for n in range(min(len(stop) - 1, len(text)), 0, -1) if text.endswith(stop[:n])),
+        default=0,
+    )

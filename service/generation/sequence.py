@@ -42,7 +42,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     aborted: bool = False  # the client went away: free the slot at the next step
     error: Exception | None = None  # the engine failed on a step this sequence was in
-    text: str = ""  # detokenized output streamed so far, up to the last complete character
+    text: str = ""  # detokenized output so far (up to the last complete character, cut at a stop string)
+    sent: int = 0  # characters of `text` handed to the client (a possible stop string's start waits)
     streamed: int = 0  # tokens handed to the client: `output` may already hold the engine's next ones
     ended: bool = False  # the client got its last event (the event loop's view; finish_reason is shared)
     arrived_at: float = field(default_factory=time.perf_counter)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -181,6 +182,38 @@ def test_ignore_eos_runs_to_the_token_limit_with_the_same_tokens(parts: tuple[An
     assert stopped.finish_reason == "eos" and stopped.output == free[: free.index(eos) + 1]
     kept, _ = run(_generate(parts, prompt, SamplingParams(max_new_tokens=6, ignore_eos=True), eos=eos))
     assert kept.finish_reason == "length" and kept.output == free
+
+
+def _streamed(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> list[Any]:
+    async def main() -> list[Any]:
+        engine = make_engine(parts)
+        engine.start()
+        events = [event async for event in engine.stream(engine.submit(prompt, params))]
+        await engine.close()
+        return events
+
+    return list(run(main()))
+
+
+def test_a_stop_string_split_across_tokens_is_never_half_sent(parts: tuple[Any, ...]) -> None:
+    """The stream holds back text that could be the start of a stop string: what the client was sent,
+    joined, is the final text, and no event carries the first half of a stop that the next token completes.
+    """
+    prompt = ids(parts, PROMPTS[0])
+    free = _streamed(parts, prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    text, at, stop = "".join(e.text for e in free), 0, ""
+    for before, after in itertools.pairwise(free):
+        at += len(before.text)
+        candidate = before.text[-1:] + after.text[:1]
+        if len(candidate) == 2 and text.find(candidate) == at - 1:  # first occurs across this boundary
+            stop = candidate
+            break
+    assert stop, [e.text for e in free]
+    events = _streamed(parts, prompt, SamplingParams(max_new_tokens=24, ignore_eos=True, stop=(stop,)))
+    assert events[-1].finish_reason == "stop"
+    assert "".join(e.text for e in events) == text[: text.find(stop)]
+    plain = _streamed(parts, prompt, SamplingParams(max_new_tokens=24, ignore_eos=True, stop=("\x00",)))
+    assert [e.text for e in plain] == [e.text for e in free]  # nothing held back when no stop can start
 
 
 async def _generate(
