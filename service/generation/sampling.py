@@ -39,34 +39,47 @@ def apply_repetition_penalty(logits: np.ndarray, seen: Sequence[int], penalty: f
     return out
 
 
-def _top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = np.partition(logits, -k)[-k]
-    return np.where(logits < kth, -np.inf, logits)
-
-
-def _top_p(probs: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches p (the best token always stays)."""
-    if p >= 1.0:
-        return probs
-    order = np.argsort(-probs, kind="stable")
-    cumulative = np.cumsum(probs[order])
-    keep = cumulative - probs[order] < p
-    kept = np.zeros_like(probs)
-    kept[order[keep]] = probs[order[keep]]
-    return kept / kept.sum()
+CANDIDATES = (64, 256)  # how many of the best tokens top-p looks at, widening only when the nucleus is wider
 
 
 def next_token(
     logits: np.ndarray, params: SamplingParams, seen: Sequence[int], rng: np.random.Generator | None
 ) -> int:
-    """The next token id for one sequence; `seen` is prompt + output so far (for the repetition penalty)."""
-    scores = apply_repetition_penalty(logits.astype(np.float64), seen, params.repetition_penalty)
+    """The next token id for one sequence; `seen` is prompt + output so far (for the repetition penalty).
+
+    Sampling sorts only what it must: top-k's k best, or for top-p the 64 best, then 256, which nearly
+    always hold the nucleus (the whole vocabulary is sorted only when they do not), in float32 where numpy's
+    exp is vectorised. Sorting the whole 2,000-token vocabulary in float64 per sequence per step cost 157 us
+    with top-p: a batch of 16 spent more on sampling than on the model.
+    """
+    scores = apply_repetition_penalty(logits.astype(np.float32), seen, params.repetition_penalty)
     if params.greedy or rng is None:
         return int(np.argmax(scores))
-    scores = _top_k(scores / params.temperature, params.top_k)
-    scores = scores - scores.max()
-    probs = np.exp(scores)
-    probs = _top_p(probs / probs.sum(), params.top_p)
-    return int(rng.choice(probs.shape[-1], p=probs))
+    scores = scores / np.float32(params.temperature)
+    vocab = scores.shape[-1]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    weights = np.exp(scores - scores.max())  # unnormalised probabilities
+    if params.top_p >= 1.0:
+        best = _best(scores, k) if k < vocab else np.arange(vocab)
+        kept = weights[best]
+    else:
+        total = (
+            np.partition(weights, vocab - k)[vocab - k :].sum() if k < vocab else weights.sum()
+        )  # top-k first
+        for n in (*(c for c in CANDIDATES if c < k), k):
+            best = _best(scores, n)
+            kept = weights[best] / total
+            mass = np.cumsum(kept)
+            if mass[-1] >= params.top_p or n == k:  # no token past these can be in the nucleus
+                break
+        kept = kept[: int(np.searchsorted(mass - kept, params.top_p, side="left"))]  # the best always stays
+    cdf = np.cumsum(kept, dtype=np.float64)
+    return int(best[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(kept) - 1)])
+
+
+def _best(scores: np.ndarray, n: int) -> np.ndarray:
+    """The indices of the n highest scores, highest first (ties: lower index first)."""
+    if n >= scores.shape[-1]:
+        return np.argsort(-scores, kind="stable")
+    top = np.argpartition(-scores, n - 1)[:n]
+    return top[np.lexsort((top, -scores[top]))]

@@ -39,3 +39,37 @@ def test_repetition_penalty_as_in_hf() -> None:
     out = apply_repetition_penalty(LOGITS, [1, 3, 3], 2.0)
     assert out.tolist() == [1.0, 1.5, 2.0, -2.0, 0.5]
     assert next_token(LOGITS, SamplingParams(repetition_penalty=2.0), [1], None) == 2
+
+
+def nucleus(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> dict[int, float]:
+    """The reference: the whole vocabulary sorted, top-k, softmax, then the smallest head of mass >= p."""
+    order = np.argsort(-logits, kind="stable")[: top_k or None]
+    probs = np.exp((logits[order] - logits[order[0]]) / temperature)
+    probs /= probs.sum()
+    keep = np.cumsum(probs) - probs < top_p
+    return dict(zip(order[keep].tolist(), (probs[keep] / probs[keep].sum()).tolist(), strict=True))
+
+
+def drawn(logits: np.ndarray, params: SamplingParams, n: int) -> dict[int, float]:
+    rng = np.random.default_rng(7)
+    tokens = np.array([next_token(logits, params, [], rng) for _ in range(n)])
+    ids, counts = np.unique(tokens, return_counts=True)
+    return dict(zip(ids.tolist(), (counts / n).tolist(), strict=True))
+
+
+def test_top_k_and_top_p_draw_from_the_nucleus_in_proportion() -> None:
+    logits = np.random.default_rng(3).normal(size=300).astype(np.float32) * 3
+    for temperature, top_k, top_p in ((0.7, 0, 0.9), (1.0, 20, 0.8), (1.0, 0, 1.0)):
+        want = nucleus(logits.astype(np.float64), temperature, top_k, top_p)
+        got = drawn(logits, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p), 20_000)
+        assert set(got) <= set(want)
+        distance = sum(abs(got.get(t, 0.0) - p) for t, p in want.items()) / 2
+        assert distance < 0.03, (temperature, top_k, top_p, distance)
+
+
+def test_a_nucleus_wider_than_the_first_candidates_is_still_whole() -> None:
+    logits = np.random.default_rng(4).normal(size=2000).astype(np.float32)  # flat: hundreds of tokens
+    want = nucleus(logits.astype(np.float64), 1.0, 0, 0.95)
+    assert len(want) > 256  # more than the sampler looks at before sorting everything
+    got = drawn(logits, SamplingParams(temperature=1.0, top_p=0.95), 4_000)
+    assert set(got) <= set(want) and len(got) > 256
