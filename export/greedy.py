@@ -45,13 +45,16 @@ def greedy_onnx(
         new.append(token)
         if token == layout.eos_token_id:
             break
-        past = {
+        presents = {
             layout.past_key_name.format(layer=i): outputs[layout.present_key_name.format(layer=i)]
             for i in range(layout.num_layers)
         } | {
             layout.past_value_name.format(layer=i): outputs[layout.present_value_name.format(layer=i)]
             for i in range(layout.num_layers)
         }
+        if layout.present_positions == "new":  # the graph returned only this call's positions
+            presents = {name: np.concatenate([past[name], new], axis=2) for name, new in presents.items()}
+        past = presents
         ids = np.asarray([[token]], dtype=np.int64)
         positions = np.asarray([[total]], dtype=np.int64)
         total += 1

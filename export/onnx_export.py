@@ -11,6 +11,8 @@ from service.manifest import Task, TensorDType, TensorSpec
 
 log = logging.getLogger(__name__)
 
+DEFAULT_OPSET = 17
+
 OPTIMUM_TASK: dict[str, str] = {
     "text-classification": "text-classification",
     "question-answering": "question-answering",
@@ -27,7 +29,10 @@ _ONNX_DTYPES: dict[int, TensorDType] = {
 
 
 def export_onnx(model_dir: Path, task: Task, out_dir: Path, opset: int | None = None) -> Path:
-    """Export `model_dir` with optimum into `out_dir`; returns the path of `model.onnx`."""
+    """Export `model_dir` into `out_dir` (optimum's exporter, or distilserve's appending decoder for a
+    GPT-2); returns the path of `model.onnx`, written beside the tokenizer and config files."""
+    if task == "text-generation" and _appending(model_dir):
+        return _export_appending(model_dir, out_dir, opset)
     from optimum.exporters.onnx import main_export  # heavy: imported only when exporting
 
     main_export(
@@ -41,6 +46,28 @@ def export_onnx(model_dir: Path, task: Task, out_dir: Path, opset: int | None = 
     path = out_dir / "model.onnx"
     if not path.is_file():
         raise FileNotFoundError(f"optimum wrote no model.onnx into {out_dir}")
+    return path
+
+
+def _appending(model_dir: Path) -> bool:
+    from transformers import AutoConfig
+
+    from export.tasks import appends
+
+    return appends(AutoConfig.from_pretrained(model_dir))
+
+
+def _export_appending(model_dir: Path, out_dir: Path, opset: int | None) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from export.appending_decoder import export_appending_decoder
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    path = out_dir / "model.onnx"
+    export_appending_decoder(model, path, opset or DEFAULT_OPSET)
+    model.config.save_pretrained(out_dir)  # the optimized variant's ORT optimizer reads the model type
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_dir)
     return path
 
 

@@ -67,15 +67,26 @@ def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds) -> Outputs:
 
 
 def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
-    """KV-cache layout of an optimum text-generation-with-past export (one merged graph)."""
+    """KV-cache layout of the decoder export: distilserve's appending graph where the architecture has
+    one (GPT-2), optimum's text-generation-with-past graph otherwise (one merged graph)."""
     heads = int(getattr(config, "n_head", None) or config.num_attention_heads)
     hidden = int(getattr(config, "n_embd", None) or config.hidden_size)
     layers = int(getattr(config, "n_layer", None) or config.num_hidden_layers)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationLayout(
-        num_layers=layers, num_heads=heads, head_dim=hidden // heads, eos_token_id=eos, pad_token_id=pad
+        num_layers=layers,
+        num_heads=heads,
+        head_dim=hidden // heads,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        present_positions="new" if appends(config) else "all",
     )
+
+
+def appends(config: Any) -> bool:
+    """Whether the decoder is exported as distilserve's appending graph (export/appending_decoder.py)."""
+    return getattr(config, "model_type", None) == "gpt2" and not getattr(config, "add_cross_attention", False)
 
 
 def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayout | None) -> Feeds:

@@ -79,6 +79,9 @@ class GenerationLayout(_Strict):
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     graphs: Literal["merged", "split"] = "merged"
+    # "all": `present` is past + new positions (optimum's graph; fed back whole as the next past).
+    # "new": `present` holds only the positions fed in; the caller appends them to a cache it keeps.
+    present_positions: Literal["all", "new"] = "all"
 
 
 class ModelScore(_Strict):

@@ -58,3 +58,24 @@ def tiny_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[
         result = export_model(model_dir, task, TASK_MODEL_NAMES[task], repository, ("fp32",))  # type: ignore[arg-type]
         assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
     return repository
+
+
+@pytest.fixture(scope="session")
+def optimum_lm_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
+    """The tiny GPT-2 exported as optimum's decoder (`present` = past + new), the graph every architecture
+    but GPT-2 gets, so the engine is tested on both kinds of graph."""
+    import export.tasks
+    from export.pipeline import export_model
+
+    repository = tmp_path_factory.mktemp("optimum-lm")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export.tasks, "appends", lambda config: False)
+        result = export_model(
+            tiny_models["text-generation"],
+            "text-generation",
+            TASK_MODEL_NAMES["text-generation"],
+            repository,
+            ("fp32",),
+        )
+    assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
+    return repository

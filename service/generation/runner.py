@@ -4,8 +4,11 @@ Sequences of different lengths share one engine call: prompts are right-padded, 
 the running batch are right-padded too, and the attention mask hides every padded position while each
 sequence keeps its own position ids, so a sequence computes the same logits alone or in company.
 
-The running batch's cache is the graph's own `present` output of the last step, fed back as the next
-step's `past` as long as the batch holds the same sequences: a step copies no cache on the Python side.
+With distilserve's appending graph (GPT-2), `present` is only the new position: the batch keeps its cache
+in arrays with room for ROOM more columns, writes each step's position into the next one, and widens the
+arrays once every ROOM steps; the graph reads the past where it lies. With optimum's graph, `present` is
+past + new (the whole cache copied inside every call) and is fed back as the next step's `past`.
+
 Only when sequences join or leave is the batch rebuilt: the rows that stay keep their layout, gaps
 included (the mask hides them), in one copy per tensor (a run of rows is copied through a view, not
 gathered first), and the new rows bring their prefill caches. Columns that no staying row uses any more
@@ -40,12 +43,43 @@ class StepResult:
 
 @dataclass
 class DecodeBatch:
-    """The running batch as the graph sees it: which sequence each row is, and the cache it carries."""
+    """The running batch as the graph sees it: which sequence each row is, and the cache it carries.
+
+    The cache's first `width` columns are in use; an appending graph's cache has room after them for the
+    next positions (masked out and zero until written)."""
 
     ids: list[int]
     past: list[LayerCache]  # per layer
-    mask: np.ndarray  # [batch, positions] int64: 1 where a row holds one of its own tokens
+    mask: np.ndarray  # [batch, capacity] int64: 1 where a row holds one of its own tokens
     cached: np.ndarray  # [batch] int64: tokens each row holds, its next token's position id
+    width: int
+
+    def append(self, new: list[LayerCache]) -> None:
+        """Write each row's one new position into the next free column, making room first if none."""
+        if self.width == self.mask.shape[1]:
+            self._widen(ROOM)
+        column = self.width
+        for layer, new_layer in zip(self.past, new, strict=True):
+            for tensor, new_tensor in zip(layer, new_layer, strict=True):
+                tensor[:, :, column] = new_tensor[:, :, -1]
+        self.mask[:, column] = 1
+        self.cached += 1
+        self.width += 1
+
+    def _widen(self, room: int) -> None:
+        """Copy the cache into one `room` columns wider (once per `room` steps, not once per step)."""
+        rows, heads, width, head_dim = self.past[0][0].shape
+        wider = []
+        for layer in self.past:
+            pair = []
+            for tensor in layer:
+                grown = np.empty((rows, heads, width + room, head_dim), dtype=tensor.dtype)
+                grown[:, :, :width] = tensor
+                grown[:, :, width:] = 0.0
+                pair.append(grown)
+            wider.append((pair[0], pair[1]))
+        self.past = wider
+        self.mask = np.concatenate([self.mask, np.zeros((rows, room), dtype=self.mask.dtype)], axis=1)
 
 
 class DecoderRunner:
@@ -60,6 +94,7 @@ class DecoderRunner:
             (layout.present_key_name.format(layer=i), layout.present_value_name.format(layer=i))
             for i in range(layout.num_layers)
         ]
+        self._appends = layout.present_positions == "new"
         self._batch: DecodeBatch | None = None
         self._prefilled: dict[int, list[LayerCache]] = {}  # caches of sequences about to join the batch
 
@@ -117,7 +152,12 @@ class DecoderRunner:
         mask = np.concatenate([batch.mask, np.ones((len(seqs), 1), dtype=np.int64)], axis=1)
         ids = np.array([[s.output[-1]] for s in seqs], dtype=np.int64)
         outputs = self._run(ids, mask, batch.cached[:, None], batch.past)
-        self._batch = DecodeBatch(batch.ids, self._presents(outputs), mask, batch.cached + 1)
+        if self._appends:  # the graph returned the new position only: into the batch's own cache
+            batch.append(self._presents(outputs))
+            self._batch = batch
+        else:  # the graph returned past + new: that is the next step's past
+            presents = self._presents(outputs)
+            self._batch = DecodeBatch(batch.ids, presents, mask, batch.cached + 1, mask.shape[1])
         return dict(zip((s.id for s in seqs), _next_tokens(outputs["logits"][:, -1], seqs), strict=True))
 
     def _rebuild(self, seqs: Seq[Sequence]) -> DecodeBatch:
@@ -135,25 +175,28 @@ class DecoderRunner:
                 raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
         kept_rows = _rows(np.array([o for _, o in stay], dtype=np.intp))
         columns, kept_width = (
-            _kept_columns(old.mask[kept_rows], SLACK) if old is not None and stay else (slice(0), 0)
+            _kept_columns(old.mask[kept_rows][:, : old.width], SLACK)
+            if old is not None and stay
+            else (slice(0), 0)
         )
         width = max([kept_width] + [cache[0][0].shape[1] for _, cache in fresh])
+        capacity = width + (ROOM if self._appends else 0)
         layout = self.layout
-        shape = (len(seqs), layout.num_heads, width, layout.head_dim)
+        shape = (len(seqs), layout.num_heads, capacity, layout.head_dim)
         # Every element is written once below: the rows' caches, then zeros after each row's end (masked
         # out, but must be finite: a NaN left in memory would survive the attention's zero weight).
         past = [
             (np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)) for _ in self._past_names
         ]
-        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), capacity), dtype=np.int64)
         cached = np.zeros(len(seqs), dtype=np.int64)
         if old is not None and stay:
             rows = _rows(np.array([r for r, _ in stay], dtype=np.intp))
-            mask[rows, :kept_width] = old.mask[kept_rows][:, columns]
+            mask[rows, :kept_width] = old.mask[kept_rows][:, : old.width][:, columns]
             cached[rows] = old.cached[kept_rows]
             for layer, old_layer in zip(past, old.past, strict=True):
                 for tensor, old_tensor in zip(layer, old_layer, strict=True):
-                    tensor[rows, :, :kept_width] = old_tensor[kept_rows][:, :, columns]
+                    tensor[rows, :, :kept_width] = old_tensor[kept_rows][:, :, : old.width][:, :, columns]
                     tensor[rows, :, kept_width:] = 0.0
         for row, cache in fresh:
             n = cache[0][0].shape[1]
@@ -162,7 +205,7 @@ class DecoderRunner:
                 for tensor, row_tensor in zip(layer, row_layer, strict=True):
                     tensor[row, :, :n] = row_tensor
                     tensor[row, :, n:] = 0.0
-        return DecodeBatch([s.id for s in seqs], past, mask, cached)
+        return DecodeBatch([s.id for s in seqs], past, mask, cached, width)
 
 
 # The share of the cache's width that may be columns no row uses before a rebuild drops them: every step's
@@ -170,6 +213,10 @@ class DecoderRunner:
 # Engine alone, a join every other step, 3 rounds each: 0.05 -> 3,837 / 3,657 / 3,878 tokens/s, 0.25 ->
 # 3,692 / 3,405 / 3,562, 0.5 -> 3,428 / 2,548 / 3,110 (0 and 0.12 within the noise of 0.05).
 SLACK = 0.05
+
+# Columns an appending graph's cache is given beyond what it holds, so that the cache is copied into a
+# wider one once every ROOM steps rather than every step; the room is masked, and attention reads it.
+ROOM = 16
 
 
 def _rows(index: np.ndarray) -> slice | np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 
 from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
-from service.generation.runner import SLACK, DecoderRunner
+from service.generation.runner import ROOM, SLACK, DecoderRunner
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
@@ -33,11 +33,17 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def parts(tiny_repository: Path) -> Iterator[tuple[Any, ...]]:
-    version = read_version(tiny_repository / TASK_MODEL_NAMES["text-generation"] / "1")
+GRAPHS = {"appending": ("tiny_repository", "new"), "optimum": ("optimum_lm_repository", "all")}
+
+
+@pytest.fixture(scope="module", params=list(GRAPHS))
+def parts(request: pytest.FixtureRequest) -> Iterator[tuple[Any, ...]]:
+    """Every test runs on both decoder graphs: distilserve's appending one and optimum's."""
+    repository, present_positions = GRAPHS[request.param]
+    version = read_version(request.getfixturevalue(repository) / TASK_MODEL_NAMES["text-generation"] / "1")
     m = version.manifest
     assert m.generation is not None
+    assert m.generation.present_positions == present_positions
     engine = OrtEngine(version.file("model.onnx"), device="cpu")
     encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
     with ThreadPoolExecutor(max_workers=1) as executor:
@@ -307,7 +313,9 @@ def test_joins_and_leaves_keep_every_sequence_exact_and_the_cache_bounded(parts:
             seq.output.append(tokens[seq.id])
         running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
         if runner._batch is not None:
-            widest = max(widest, runner._batch.mask.shape[1])
+            widest = max(widest, runner._batch.width)
+            room = runner._batch.mask.shape[1] - runner._batch.width
+            assert room <= (ROOM if layout.present_positions == "new" else 0)
         step += 1
     assert [s.output for s in everyone] == [solo(p, n) for p, n in zip(prompts, lengths, strict=True)]
     span = max(len(p) for p in prompts) + max(lengths)

@@ -1,0 +1,84 @@
+"""The appending GPT-2 decoder graph computes PyTorch's logits with a cache the caller keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from export.appending_decoder import export_appending_decoder
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
+    path = tmp_path_factory.mktemp("appending") / "model.onnx"
+    export_appending_decoder(model, path, opset=17)
+    return model, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _feeds(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]) -> dict:
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    for layer in range(len(past) // 2):
+        feeds[f"past_key_values.{layer}.key"] = past[2 * layer]
+        feeds[f"past_key_values.{layer}.value"] = past[2 * layer + 1]
+    return feeds
+
+
+def _reference(model: object, tokens: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0].numpy()  # type: ignore[operator]
+
+
+def test_padded_prefill_then_decode_into_a_roomy_cache_equals_pytorch(decoder: tuple[object, object]) -> None:
+    """Right-padded prompts of different lengths, then steps whose past is a preallocated cache with
+    unused (masked, zero) columns and gaps, as the runner keeps it: every real row's logits equal
+    PyTorch run on that sequence alone, and `present` is only the new position."""
+    model, session = decoder
+    config = model.config  # type: ignore[attr-defined]
+    heads, head_dim, layers = config.n_head, config.n_embd // config.n_head, config.n_layer
+    rng = np.random.default_rng(0)
+    lengths = [7, 2, 5]
+    rows, width = len(lengths), max(lengths)
+    ids = np.zeros((rows, width), dtype=np.int64)
+    mask = np.zeros((rows, width), dtype=np.int64)
+    for row, n in enumerate(lengths):
+        ids[row, :n], mask[row, :n] = rng.integers(5, config.vocab_size, n), 1
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    empty = [np.zeros((rows, heads, 0, head_dim), dtype=np.float32)] * (2 * layers)
+    logits, *presents = session.run(None, _feeds(ids, mask, positions, empty))
+    tokens = [ids[row, :n].tolist() for row, n in enumerate(lengths)]
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(logits[row, :n], _reference(model, tokens[row]), atol=1e-4)
+    assert all(p.shape == (rows, heads, width, head_dim) for p in presents)
+
+    capacity = width + 6  # room the runner keeps after the used columns
+    cache = [np.zeros((rows, heads, capacity, head_dim), dtype=np.float32) for _ in presents]
+    for tensor, present in zip(cache, presents, strict=True):
+        tensor[:, :, :width] = present
+    cache_mask = np.zeros((rows, capacity), dtype=np.int64)
+    cache_mask[:, :width] = mask
+    used = width
+    last = [int(logits[row, n - 1].argmax()) for row, n in enumerate(lengths)]
+    for _ in range(4):
+        for row in range(rows):
+            tokens[row].append(last[row])
+        step_mask = np.concatenate([cache_mask, np.ones((rows, 1), dtype=np.int64)], axis=1)
+        step_positions = np.array([[len(t) - 1] for t in tokens], dtype=np.int64)
+        logits, *presents = session.run(
+            None, _feeds(np.array(last)[:, None], step_mask, step_positions, cache)
+        )
+        assert all(p.shape == (rows, heads, 1, head_dim) for p in presents)
+        for row in range(rows):
+            np.testing.assert_allclose(logits[row, 0], _reference(model, tokens[row])[-1], atol=1e-4)
+        for tensor, present in zip(cache, presents, strict=True):
+            tensor[:, :, used] = present[:, :, 0]
+        cache_mask[:, used] = 1
+        used += 1
+        last = [int(logits[row, 0].argmax()) for row in range(rows)]
