@@ -1,20 +1,16 @@
 """The runner executes a step plan on the exported decoder: batched prefill, batched decode, sampling.
 
-Sequences of different lengths share one engine call: prompts are right-padded, the cached keys/values of
-the running batch are right-padded too, and the attention mask hides every padded position while each
-sequence keeps its own position ids, so a sequence computes the same logits alone or in company.
+Sequences of different lengths share one engine call. Prompts are right-padded into one prefill. The
+running sequences' keys and values live in a `SlotCache`: one row per sequence, its positions left-aligned
+in columns [0, length), the next one written into column `length`, and the attention mask hides the rest;
+each sequence keeps its own position ids, so it computes the same logits alone or in company.
 
-With distilserve's appending graph (GPT-2), `present` is only the new position: the batch keeps its cache
-in arrays with room for ROOM more columns, writes each step's position into the next one, and widens the
-arrays once every ROOM steps; the graph reads the past where it lies. With optimum's graph, `present` is
-past + new (the whole cache copied inside every call) and is fed back as the next step's `past`.
-
-Only when sequences join or leave is the batch rebuilt: the rows that stay keep their layout, gaps
-included (the mask hides them), in one copy per tensor (a run of rows is copied through a view, not
-gathered first), and the new rows bring their prefill caches. Columns that no staying row uses any more
-are dropped only once they are a twentieth of the width. With per-sequence caches gathered every step, that
-copying was a third of a decode step; compacting each staying row on its own was a sixth of the engine
-thread's time under a 16-stream load, and gathering rows and columns at every join still a quarter.
+The graph gets the cache's first rows as they lie (a view, no copy) and returns the new position; with
+distilserve's appending graph (GPT-2) that is all it returns, with optimum's it is the last column of a
+past + new it copied whole. A sequence that joins has its prefill written into the next free row; one that
+leaves has the last row moved into its place: a join or a leave copies one row, not the batch. Rebuilding
+the batch's cache at each join or leave was a third of the engine thread's time with staggered arrivals,
+and every step's copy of the whole cache (optimum's graph) half of a batch-16 decode step.
 """
 
 from __future__ import annotations
@@ -41,45 +37,88 @@ class StepResult:
     decode_s: float
 
 
-@dataclass
-class DecodeBatch:
-    """The running batch as the graph sees it: which sequence each row is, and the cache it carries.
+class SlotCache:
+    """The running sequences' keys and values: row r is sequence `ids[r]`, its positions in columns
+    [0, lengths[r]); rows past the live ones and columns past a row's length are spare (masked, finite).
 
-    The cache's first `width` columns are in use; an appending graph's cache has room after them for the
-    next positions (masked out and zero until written)."""
+    Columns are kept at least one and at most 2 x ROOM past the longest row: widening or narrowing copies
+    the cache, so it happens once per ROOM tokens of growth, not per step."""
 
-    ids: list[int]
-    past: list[LayerCache]  # per layer
-    mask: np.ndarray  # [batch, capacity] int64: 1 where a row holds one of its own tokens
-    cached: np.ndarray  # [batch] int64: tokens each row holds, its next token's position id
-    width: int
+    def __init__(self, layers: int, heads: int, head_dim: int) -> None:
+        self.ids: list[int] = []
+        self._shape = (heads, head_dim)
+        self.past: list[LayerCache] = self._allocate(layers, 0, 0)
+        self.lengths = np.zeros(0, dtype=np.int64)
+        self.mask = np.zeros((0, 1), dtype=np.int64)  # [rows, columns + 1]: the last is the new position
+
+    @property
+    def columns(self) -> int:
+        return self.past[0][0].shape[2]
+
+    def feeds(self) -> tuple[list[LayerCache], np.ndarray, np.ndarray]:
+        """The live rows' past, attention mask (past + the new position) and new position ids: views."""
+        n = len(self.ids)
+        return [(k[:n], v[:n]) for k, v in self.past], self.mask[:n], self.lengths[:n, None]
+
+    def join(self, seq_id: int, cache: list[LayerCache]) -> None:
+        """A prefilled sequence takes the next row: its cache [heads, length, head_dim] per tensor."""
+        n, length = len(self.ids), cache[0][0].shape[1]
+        self._fit(rows=n + 1, longest=max(length, int(self.lengths[:n].max(initial=0))))
+        for layer, row_layer in zip(self.past, cache, strict=True):
+            for tensor, row_tensor in zip(layer, row_layer, strict=True):
+                tensor[n, :, :length] = row_tensor
+        self.mask[n, :-1] = 0
+        self.mask[n, :length] = 1
+        self.lengths[n] = length
+        self.ids.append(seq_id)
+
+    def leave(self, seq_id: int) -> None:
+        """The sequence's row is freed; the last live row moves into it (one row copied)."""
+        row, last = self.ids.index(seq_id), len(self.ids) - 1
+        if row != last:
+            length = int(self.lengths[last])
+            for layer in self.past:
+                for tensor in layer:
+                    tensor[row, :, :length] = tensor[last, :, :length]
+            self.mask[row] = self.mask[last]
+            self.lengths[row] = length
+            self.ids[row] = self.ids[last]
+        self.ids.pop()
 
     def append(self, new: list[LayerCache]) -> None:
-        """Write each row's one new position into the next free column, making room first if none."""
-        if self.width == self.mask.shape[1]:
-            self._widen(ROOM)
-        column = self.width
+        """Each live row's new position (the last column of `new`) into the column after its last."""
+        n = len(self.ids)
+        rows, columns = np.arange(n), self.lengths[:n]
         for layer, new_layer in zip(self.past, new, strict=True):
             for tensor, new_tensor in zip(layer, new_layer, strict=True):
-                tensor[:, :, column] = new_tensor[:, :, -1]
-        self.mask[:, column] = 1
-        self.cached += 1
-        self.width += 1
+                tensor[rows, :, columns] = new_tensor[:, :, -1]
+        self.mask[rows, columns] = 1
+        self.lengths[:n] += 1
+        self._fit(rows=n, longest=int(self.lengths[:n].max(initial=0)))
 
-    def _widen(self, room: int) -> None:
-        """Copy the cache into one `room` columns wider (once per `room` steps, not once per step)."""
-        rows, heads, width, head_dim = self.past[0][0].shape
-        wider = []
-        for layer in self.past:
-            pair = []
-            for tensor in layer:
-                grown = np.empty((rows, heads, width + room, head_dim), dtype=tensor.dtype)
-                grown[:, :, :width] = tensor
-                grown[:, :, width:] = 0.0
-                pair.append(grown)
-            wider.append((pair[0], pair[1]))
-        self.past = wider
-        self.mask = np.concatenate([self.mask, np.zeros((rows, room), dtype=self.mask.dtype)], axis=1)
+    def _fit(self, rows: int, longest: int) -> None:
+        """Room for `rows` rows and one more column than `longest`; shrink only past 2 x ROOM spare."""
+        have_rows, columns = self.past[0][0].shape[0], self.columns
+        if rows <= have_rows and longest < columns <= longest + 2 * ROOM:
+            return
+        new_rows = max(rows, have_rows) if rows <= have_rows else max(rows, 2 * have_rows)
+        new_columns = longest + ROOM
+        keep_rows, keep_columns = min(len(self.ids), new_rows), min(columns, new_columns)
+        past = self._allocate(len(self.past), new_rows, new_columns)
+        for layer, old_layer in zip(past, self.past, strict=True):
+            for tensor, old in zip(layer, old_layer, strict=True):
+                tensor[:keep_rows, :, :keep_columns] = old[:keep_rows, :, :keep_columns]
+        mask = np.zeros((new_rows, new_columns + 1), dtype=np.int64)
+        mask[:keep_rows, :keep_columns] = self.mask[:keep_rows, :keep_columns]
+        mask[:, -1] = 1
+        lengths = np.zeros(new_rows, dtype=np.int64)
+        lengths[:keep_rows] = self.lengths[:keep_rows]
+        self.past, self.mask, self.lengths = past, mask, lengths
+
+    def _allocate(self, layers: int, rows: int, columns: int) -> list[LayerCache]:
+        """Zeroed: spare slots are masked out but must be finite (a NaN would survive a zero weight)."""
+        shape = (rows, self._shape[0], columns, self._shape[1])
+        return [(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)) for _ in range(layers)]
 
 
 class DecoderRunner:
@@ -94,8 +133,7 @@ class DecoderRunner:
             (layout.present_key_name.format(layer=i), layout.present_value_name.format(layer=i))
             for i in range(layout.num_layers)
         ]
-        self._appends = layout.present_positions == "new"
-        self._batch: DecodeBatch | None = None
+        self._cache: SlotCache | None = None
         self._prefilled: dict[int, list[LayerCache]] = {}  # caches of sequences about to join the batch
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -107,7 +145,7 @@ class DecoderRunner:
         if plan.decode:
             tokens |= self._decode(plan.decode)
         else:
-            self._batch = None  # nothing runs on: its cache is nobody's
+            self._cache = None  # nothing runs on: its cache is nobody's
         # A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will.
         fresh = {s.id for s in plan.prefill}
         self._prefilled = {i: c for i, c in self._prefilled.items() if i in fresh}
@@ -145,96 +183,32 @@ class DecoderRunner:
         return tokens
 
     def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
-        """One token for each running sequence: its last token in, the batch's cache as the past."""
-        batch = self._batch
-        if batch is None or batch.ids != [s.id for s in seqs]:
-            batch = self._rebuild(seqs)
-        mask = np.concatenate([batch.mask, np.ones((len(seqs), 1), dtype=np.int64)], axis=1)
-        ids = np.array([[s.output[-1]] for s in seqs], dtype=np.int64)
-        outputs = self._run(ids, mask, batch.cached[:, None], batch.past)
-        if self._appends:  # the graph returned the new position only: into the batch's own cache
-            batch.append(self._presents(outputs))
-            self._batch = batch
-        else:  # the graph returned past + new: that is the next step's past
-            presents = self._presents(outputs)
-            self._batch = DecodeBatch(batch.ids, presents, mask, batch.cached + 1, mask.shape[1])
-        return dict(zip((s.id for s in seqs), _next_tokens(outputs["logits"][:, -1], seqs), strict=True))
-
-    def _rebuild(self, seqs: Seq[Sequence]) -> DecodeBatch:
-        """The batch for `seqs`: rows that ran last step keep their cache, new ones bring their own."""
-        old = self._batch
-        old_rows = {seq_id: row for row, seq_id in enumerate(old.ids)} if old is not None else {}
-        fresh: list[tuple[int, list[LayerCache]]] = []  # (row, prefill cache)
-        stay: list[tuple[int, int]] = []  # (row, row in the old batch)
-        for row, s in enumerate(seqs):
-            if s.id in self._prefilled:
-                fresh.append((row, self._prefilled.pop(s.id)))
-            elif s.id in old_rows:
-                stay.append((row, old_rows[s.id]))
-            else:
-                raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
-        kept_rows = _rows(np.array([o for _, o in stay], dtype=np.intp))
-        columns, kept_width = (
-            _kept_columns(old.mask[kept_rows][:, : old.width], SLACK)
-            if old is not None and stay
-            else (slice(0), 0)
-        )
-        width = max([kept_width] + [cache[0][0].shape[1] for _, cache in fresh])
-        capacity = width + (ROOM if self._appends else 0)
+        """One token for each running sequence: its last token in, its row of the cache as the past."""
         layout = self.layout
-        shape = (len(seqs), layout.num_heads, capacity, layout.head_dim)
-        # Every element is written once below: the rows' caches, then zeros after each row's end (masked
-        # out, but must be finite: a NaN left in memory would survive the attention's zero weight).
-        past = [
-            (np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)) for _ in self._past_names
-        ]
-        mask = np.zeros((len(seqs), capacity), dtype=np.int64)
-        cached = np.zeros(len(seqs), dtype=np.int64)
-        if old is not None and stay:
-            rows = _rows(np.array([r for r, _ in stay], dtype=np.intp))
-            mask[rows, :kept_width] = old.mask[kept_rows][:, : old.width][:, columns]
-            cached[rows] = old.cached[kept_rows]
-            for layer, old_layer in zip(past, old.past, strict=True):
-                for tensor, old_tensor in zip(layer, old_layer, strict=True):
-                    tensor[rows, :, :kept_width] = old_tensor[kept_rows][:, :, : old.width][:, :, columns]
-                    tensor[rows, :, kept_width:] = 0.0
-        for row, cache in fresh:
-            n = cache[0][0].shape[1]
-            mask[row, :n], cached[row] = 1, n
-            for layer, row_layer in zip(past, cache, strict=True):
-                for tensor, row_tensor in zip(layer, row_layer, strict=True):
-                    tensor[row, :, :n] = row_tensor
-                    tensor[row, :, n:] = 0.0
-        return DecodeBatch([s.id for s in seqs], past, mask, cached, width)
+        cache = self._cache or SlotCache(layout.num_layers, layout.num_heads, layout.head_dim)
+        by_id = {s.id: s for s in seqs}
+        for seq_id in [i for i in cache.ids if i not in by_id]:
+            cache.leave(seq_id)
+        running = set(cache.ids)
+        for s in seqs:
+            if s.id in self._prefilled:
+                cache.join(s.id, self._prefilled.pop(s.id))
+            elif s.id not in running:
+                raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
+        self._cache = cache
+        rows = [by_id[i] for i in cache.ids]
+        past, mask, positions = cache.feeds()
+        ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
+        outputs = self._run(ids, mask, positions, past)
+        cache.append(self._presents(outputs))
+        return dict(zip(cache.ids, _next_tokens(outputs["logits"][:, -1], rows), strict=True))
 
 
-# The share of the cache's width that may be columns no row uses before a rebuild drops them: every step's
-# graph copies the whole cache (past + new position), so width costs every step while a drop costs once.
-# Engine alone, a join every other step, 3 rounds each: 0.05 -> 3,837 / 3,657 / 3,878 tokens/s, 0.25 ->
-# 3,692 / 3,405 / 3,562, 0.5 -> 3,428 / 2,548 / 3,110 (0 and 0.12 within the noise of 0.05).
-SLACK = 0.05
-
-# Columns an appending graph's cache is given beyond what it holds, so that the cache is copied into a
-# wider one once every ROOM steps rather than every step; the room is masked, and attention reads it.
+# Spare columns the cache keeps past its longest row (widened when full, narrowed past twice this): each
+# resize copies the cache, and every spare column is read by each step's attention. Engine alone, 16
+# sequences with staggered arrivals, int8 demo LM, 2 rounds: 4 -> 6,453 / 6,957 tokens/s, 16 -> 7,109 /
+# 7,126, 48 -> 7,128 / 6,658.
 ROOM = 16
-
-
-def _rows(index: np.ndarray) -> slice | np.ndarray:
-    """A run of consecutive rows as a slice (numpy then copies through a view, not a gathered temporary)."""
-    if len(index) and index[-1] - index[0] == len(index) - 1:
-        return slice(int(index[0]), int(index[-1]) + 1)
-    return index
-
-
-def _kept_columns(mask: np.ndarray, slack: float) -> tuple[slice | np.ndarray, int]:
-    """The cache columns the staying rows keep, and how many: all of them (gaps included, the mask hides
-    them) until more than `slack` of the width is used by none of them (what only leavers held); then
-    only the used ones. Dropping at every leave cost a gathered copy of the whole cache per tensor."""
-    width = mask.shape[1]
-    used = np.flatnonzero(mask.any(axis=0))
-    if width - len(used) <= slack * width:
-        return slice(None), width
-    return used, len(used)
 
 
 def _next_tokens(logits: np.ndarray, seqs: Seq[Sequence]) -> list[int]:
