@@ -46,6 +46,7 @@ class SlotCache:
 
     def __init__(self, layers: int, heads: int, head_dim: int) -> None:
         self.ids: list[int] = []
+        self.longest = 0  # the longest row's length
         self._shape = (heads, head_dim)
         self.past: list[LayerCache] = self._allocate(layers, 0, 0)
         self.lengths = np.zeros(0, dtype=np.int64)
@@ -63,7 +64,8 @@ class SlotCache:
     def join(self, seq_id: int, cache: list[LayerCache]) -> None:
         """A prefilled sequence takes the next row: its cache [heads, length, head_dim] per tensor."""
         n, length = len(self.ids), cache[0][0].shape[1]
-        self._fit(rows=n + 1, longest=max(length, int(self.lengths[:n].max(initial=0))))
+        self.longest = max(self.longest, length)
+        self._fit(rows=n + 1)
         for layer, row_layer in zip(self.past, cache, strict=True):
             for tensor, row_tensor in zip(layer, row_layer, strict=True):
                 tensor[n, :, :length] = row_tensor
@@ -84,6 +86,7 @@ class SlotCache:
             self.lengths[row] = length
             self.ids[row] = self.ids[last]
         self.ids.pop()
+        self.longest = int(self.lengths[:last].max(initial=0))
 
     def append(self, new: list[LayerCache]) -> None:
         """Each live row's new position (the last column of `new`) into the column after its last."""
@@ -94,11 +97,12 @@ class SlotCache:
                 tensor[rows, :, columns] = new_tensor[:, :, -1]
         self.mask[rows, columns] = 1
         self.lengths[:n] += 1
-        self._fit(rows=n, longest=int(self.lengths[:n].max(initial=0)))
+        self.longest += 1
+        self._fit(rows=n)
 
-    def _fit(self, rows: int, longest: int) -> None:
-        """Room for `rows` rows and one more column than `longest`; shrink only past 2 x ROOM spare."""
-        have_rows, columns = self.past[0][0].shape[0], self.columns
+    def _fit(self, rows: int) -> None:
+        """Room for `rows` rows and one more column than the longest; shrink only past 2 x ROOM spare."""
+        have_rows, columns, longest = self.past[0][0].shape[0], self.columns, self.longest
         if rows <= have_rows and longest < columns <= longest + 2 * ROOM:
             return
         new_rows = max(rows, have_rows) if rows <= have_rows else max(rows, 2 * have_rows)
@@ -186,17 +190,20 @@ class DecoderRunner:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
         layout = self.layout
         cache = self._cache or SlotCache(layout.num_layers, layout.num_heads, layout.head_dim)
-        by_id = {s.id: s for s in seqs}
-        for seq_id in [i for i in cache.ids if i not in by_id]:
-            cache.leave(seq_id)
-        running = set(cache.ids)
-        for s in seqs:
-            if s.id in self._prefilled:
-                cache.join(s.id, self._prefilled.pop(s.id))
-            elif s.id not in running:
-                raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
+        if [s.id for s in seqs] == cache.ids:  # the same rows as last step (most steps)
+            rows = list(seqs)
+        else:
+            by_id = {s.id: s for s in seqs}
+            for seq_id in [i for i in cache.ids if i not in by_id]:
+                cache.leave(seq_id)
+            running = set(cache.ids)
+            for s in seqs:
+                if s.id in self._prefilled:
+                    cache.join(s.id, self._prefilled.pop(s.id))
+                elif s.id not in running:
+                    raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
+            rows = [by_id[i] for i in cache.ids]
         self._cache = cache
-        rows = [by_id[i] for i in cache.ids]
         past, mask, positions = cache.feeds()
         ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
         outputs = self._run(ids, mask, positions, past)
