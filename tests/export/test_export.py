@@ -146,3 +146,19 @@ def test_int8_is_smaller_and_agrees_on_the_demo_eval_set(
     eval_file = demo_pair[1].parent.parent / "data" / "classification" / "eval.jsonl"
     examples = len(eval_file.read_text().splitlines())
     assert int8.parity["rows"] == min(examples, 256)  # agreement is measured on the eval texts themselves
+
+
+def test_the_appending_decoder_builds_every_variant_within_its_gate(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """distilserve's own GPT-2 graph goes through the same variant builders as optimum's (ORT's GPT-2
+    fusions, int8, fp16) and each passes its parity gate against PyTorch."""
+    from export.variants import ALL_VARIANTS
+
+    result = export_model(tiny_models["text-generation"], "text-generation", "lm", tmp_path, ALL_VARIANTS)
+    assert {r.variant: r.problems for r in result.variants} == {v: [] for v in ALL_VARIANTS}
+    assert result.version_dir is not None
+    m = read_version(result.version_dir).manifest
+    assert m.generation is not None and m.generation.present_positions == "new"
+    assert set(m.variants) == set(ALL_VARIANTS)
+    assert m.variants["fp32"].parity["greedy_match"] == 1.0
