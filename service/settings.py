@@ -35,11 +35,12 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(
         0.0, ge=0, description="Extra wait for a fuller batch, only under load; 0 = never wait."
     )
-    min_padding_efficiency: float = Field(
-        0.85,  # CPU is compute-bound: padded tokens cost as much as real ones, bigger batches gain nothing
+    min_padding_efficiency: float | None = Field(
+        None,
         ge=0.0,
         le=1.0,
-        description="Real / padded tokens a batch keeps; other lengths wait for a batch of their own.",
+        description="Real / padded tokens a batch keeps; other lengths wait for a batch of their own. "
+        "Unset: 0.95 on CPU (compute-bound: a padded token costs what a real one does), 0.85 on a GPU.",
     )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")

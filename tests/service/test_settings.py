@@ -38,3 +38,13 @@ def test_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in out
+
+
+def test_the_padding_floor_follows_the_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.engine import CUDA
+    from service.runtime import CPU_PADDING_FLOOR, GPU_PADDING_FLOOR, padding_floor
+
+    assert padding_floor(Settings(), "CPUExecutionProvider") == CPU_PADDING_FLOOR == 0.95
+    assert padding_floor(Settings(), CUDA) == GPU_PADDING_FLOOR == 0.85
+    monkeypatch.setenv("DISTILSERVE_MIN_PADDING_EFFICIENCY", "0.5")
+    assert padding_floor(Settings(), "CPUExecutionProvider") == padding_floor(Settings(), CUDA) == 0.5
