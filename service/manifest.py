@@ -79,8 +79,9 @@ class GenerationLayout(_Strict):
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     graphs: Literal["merged", "split"] = "merged"
-    # "all": `present` is past + new positions (optimum's graph; fed back whole as the next past).
-    # "new": `present` holds only the positions fed in; the caller appends them to a cache it keeps.
+    # "all": `present` is past + new positions (optimum's graph, which copies the cache into it each call).
+    # "new": `present` holds only the positions fed in (distilserve's appending GPT-2 graph).
+    # Either way the new positions are the last ones; the runner appends them to the cache it keeps.
     present_positions: Literal["all", "new"] = "all"
 
 
