@@ -2,13 +2,15 @@
 
 Principles (see ARCHITECTURE.md): never wait when the engine is idle; coalesce what queued while it was
 busy; cap a batch by count and by padded tokens; group similar lengths; bound the queue; drop work whose
-deadline passed or whose caller went away before compute; run the engine off the event loop.
+deadline passed or whose caller went away before compute; run the engine off the event loop, up to
+`concurrency` batches at once (Triton's instance count).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -17,6 +19,8 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 _BATCH_IDS = itertools.count()  # process-wide, so engine calls of different models never share an id
@@ -109,9 +113,10 @@ def select_batch(
 
 
 class MicroBatcher(Generic[T, R]):
-    """Coalesces concurrent `submit()` calls into `run_batch(items)` calls on an executor thread.
+    """Coalesces concurrent `submit()` calls into `run_batch(items)` calls on executor threads.
 
-    `run_batch` gets items in a list and must return one result per item, in order. `cost(item)` is its
+    `run_batch` gets items in a list and must return one result per item, in order; with `concurrency` > 1
+    it is called from that many threads at once (the executor must have as many). `cost(item)` is its
     token count (padded cost = batch size x the largest cost).
     """
 
@@ -122,13 +127,18 @@ class MicroBatcher(Generic[T, R]):
         *,
         cost: Callable[[T], int],
         executor: Executor,
+        concurrency: int = 1,
         on_batch: Callable[[BatchStats], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self._run_batch = run_batch
         self.policy = policy
         self._cost = cost
         self._executor = executor
+        self.concurrency = concurrency
+        self._running: set[asyncio.Task[None]] = set()
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
         self._queue: list[_Pending[T, R]] = []
@@ -205,7 +215,8 @@ class MicroBatcher(Generic[T, R]):
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while True:
+            # Woken by a submit or a finished batch: start batches while an instance is free.
+            while len(self._running) < self.concurrency:
                 self._drop_stale()
                 if not self._queue:
                     self._under_load = False
@@ -215,12 +226,19 @@ class MicroBatcher(Generic[T, R]):
                     self._drop_stale()
                     if not self._queue:
                         continue
-                batch = self._take_batch()
-                await self._execute(batch)
-                # Work that queued while the engine ran means load: only then may max_wait apply.
-                self._under_load = bool(self._queue)
-            if self._closing and not self._queue:
+                task = asyncio.get_running_loop().create_task(self._execute(self._take_batch()))
+                self._running.add(task)
+                task.add_done_callback(self._finished)
+            if self._closing and not self._queue and not self._running:
                 return
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug outside run_batch: say so
+            log.error("micro-batcher: a batch task failed", exc_info=task.exception())
+        # Work that queued while the engine ran means load: only then may max_wait apply.
+        self._under_load = bool(self._queue)
+        self._wakeup.set()
 
     async def _wait_for_fuller_batch(self) -> None:
         """Under load only: give the queue up to max_wait to fill a batch."""
@@ -324,5 +342,5 @@ class MicroBatcher(Generic[T, R]):
 
     def _retry_after_s(self) -> float:
         """Roughly how long the queue takes to drain at the last observed batch speed."""
-        batches = len(self._queue) / self.policy.max_batch_size
+        batches = len(self._queue) / (self.policy.max_batch_size * self.concurrency)
         return max(1.0, batches * self._last_run_s)

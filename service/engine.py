@@ -57,7 +57,8 @@ def preload_cuda_libraries() -> None:
 
 
 class OrtEngine:
-    """A session with explicit thread settings; `run` is called from one worker thread at a time."""
+    """A session with explicit thread settings. ONNX Runtime's `run` is thread-safe: a model's instances
+    (concurrent engine calls) share this one session and its weights."""
 
     def __init__(
         self,

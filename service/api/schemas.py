@@ -183,6 +183,8 @@ class ModelCard(BaseModel):
     task: str
     variant: str
     provider: str
+    instances: int = Field(description="Engine calls this model runs at once.")
+    threads_per_instance: int = Field(description="ONNX Runtime intra-op threads of each call.")
     labels: list[str]
     max_sequence_length: int
     mask_token: str | None

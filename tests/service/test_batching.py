@@ -46,14 +46,16 @@ def run(
     policy: BatchPolicy,
     body: Callable[[MicroBatcher[str, str]], Coroutine[Any, Any, Any]],
     stats: list[BatchStats] | None = None,
+    concurrency: int = 1,
 ) -> Any:
     async def main() -> Any:
-        with ThreadPoolExecutor(max_workers=1) as executor:
+        with ThreadPoolExecutor(max_workers=concurrency) as executor:
             batcher: MicroBatcher[str, str] = MicroBatcher(
                 engine,
                 policy,
                 cost=len,
                 executor=executor,
+                concurrency=concurrency,
                 on_batch=stats.append if stats is not None else None,
             )
             batcher.start()
@@ -286,3 +288,57 @@ def test_max_wait_fills_batches_only_under_load() -> None:
     run(engine, BatchPolicy(max_batch_size=8, max_wait_s=0.1), body)
     assert engine.batches[0] == ["a"]
     assert len(engine.batches) == 2  # b* and c* were collected into one batch by the wait
+
+
+class CountingEngine(FakeEngine):
+    """Also records the most batches it ever had in flight at once."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.active = 0
+        self.most_active = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, items: list[str]) -> list[str]:
+        with self.lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            return super().__call__(items)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 2, 3])
+def test_instances_run_that_many_batches_at_once_and_no_more(concurrency: int) -> None:
+    engine = CountingEngine(delay_s=0.05)
+    items = [f"r{i}" for i in range(8)]
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        return list(await asyncio.gather(*(b.submit(x) for x in items)))
+
+    results = run(engine, BatchPolicy(max_batch_size=1), body, concurrency=concurrency)
+    assert results == [x * 2 for x in items]
+    assert engine.most_active == concurrency
+
+
+def test_with_every_instance_busy_work_coalesces_and_close_waits_for_all() -> None:
+    engine = FakeEngine(delay_s=0.02)
+    engine.release.clear()
+    stats: list[BatchStats] = []
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        first = []
+        for x in ("a", "b"):  # one after the other: each starts at once on an instance of its own, held there
+            first.append(asyncio.create_task(b.submit(x)))
+            await asyncio.sleep(0.02)
+        rest = [asyncio.create_task(b.submit(f"q{i}")) for i in range(6)]  # queue behind them
+        await asyncio.sleep(0.05)
+        engine.release.set()
+        return list(await asyncio.gather(*first, *rest))
+
+    results = run(engine, BatchPolicy(max_batch_size=8), body, stats, concurrency=2)
+    assert results == ["aa", "bb"] + [f"q{i}" * 2 for i in range(6)]
+    assert sorted(len(batch) for batch in engine.batches)[:2] == [1, 1]
+    assert len(engine.batches) == 3 and max(s.size for s in stats) == 6  # the queued six went together

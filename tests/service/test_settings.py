@@ -48,3 +48,17 @@ def test_the_padding_floor_follows_the_device_unless_set(monkeypatch: pytest.Mon
     assert padding_floor(Settings(), CUDA) == GPU_PADDING_FLOOR == 0.85
     monkeypatch.setenv("DISTILSERVE_MIN_PADDING_EFFICIENCY", "0.5")
     assert padding_floor(Settings(), "CPUExecutionProvider") == padding_floor(Settings(), CUDA) == 0.5
+
+
+def test_instances_split_the_cores_on_a_cpu_and_stay_single_elsewhere() -> None:
+    from service.runtime import EnginePlan, engine_plan
+
+    s = Settings()
+    assert engine_plan(s, on_gpu=False, generation=False, cores=4) == EnginePlan(instances=4, threads=1)
+    assert engine_plan(s, on_gpu=True, generation=False, cores=4) == EnginePlan(instances=1, threads=4)
+    assert engine_plan(s, on_gpu=False, generation=True, cores=4) == EnginePlan(instances=1, threads=4)
+    two = Settings(instances=2)
+    assert engine_plan(two, on_gpu=False, generation=False, cores=8) == EnginePlan(instances=2, threads=4)
+    pinned = Settings(instances=3, intra_op_threads=2)
+    assert engine_plan(pinned, on_gpu=False, generation=False, cores=8) == EnginePlan(instances=3, threads=2)
+    assert EnginePlan(2, 3).settings(s).intra_op_threads == 3

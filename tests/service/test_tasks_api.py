@@ -170,4 +170,5 @@ def test_models_lists_every_task(client: TestClient) -> None:
     cards = {c["task"]: c for c in client.get("/v1/models").json()["models"]}
     assert set(cards) == {"text-classification", "question-answering", "fill-mask", "text-generation"}
     assert cards["fill-mask"]["mask_token"] == "[MASK]"
+    assert cards["text-generation"]["instances"] == 1  # a decode loop is one engine call at a time
     assert all(np.isfinite(c["max_sequence_length"]) for c in cards.values())
