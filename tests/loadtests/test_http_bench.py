@@ -1,0 +1,48 @@
+"""The service benchmark's own pieces: its streaming client counts what the server sent, its ratios pair
+adjacent measurements, and the report states them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtests.http_bench import generation_load, generation_ratios, render
+from tests.conftest import TASK_MODEL_NAMES
+from tests.service.live_server import live_server
+
+
+def test_the_streaming_client_counts_every_token_of_every_request(tiny_repository: Path) -> None:
+    with live_server(tiny_repository, {"DISTILSERVE_LOG_LEVEL": "warning"}) as server:  # its pipe is unread
+        prompts = ["the film", "a slow and tender story", "it was"]  # well inside the tiny model's window
+        g = generation_load(server.base_url, TASK_MODEL_NAMES["text-generation"], 3, 2.0, 12, prompts)
+    assert g["requests"] >= 3 and g["errors"] == 0
+    assert g["tokens"] == 12 * g["requests"]  # ignore_eos: every request streams exactly its 12 tokens
+    assert 0 < g["ttft_p50_ms"] <= g["ttft_p99_ms"]
+
+
+def pair(engine: str, streams: int, rate: float, index: int) -> dict:
+    return {
+        "engine": engine,
+        "streams": streams,
+        "tokens_per_s": rate,
+        "ttft_p50_ms": 1.0,
+        "ttft_p99_ms": 2.0,
+        "requests": 10,
+        "errors": 0,
+        "pair": index,
+    }
+
+
+def test_ratios_pair_adjacent_runs_and_the_report_gives_their_median() -> None:
+    generation = [
+        pair("continuous", 1, 100, 0),
+        pair("one-at-a-time", 1, 100, 0),
+        *(
+            row
+            for i, (fast, slow) in enumerate([(800, 200), (900, 150), (500, 200)])
+            for row in (pair("continuous", 16, fast, i), pair("one-at-a-time", 16, slow, i))
+        ),
+    ]
+    assert generation_ratios(generation, 16) == [4.0, 6.0, 2.5]
+    assert generation_ratios(generation, 1) == [1.0]
+    report = render({}, [], generation)
+    assert "at 16 streams, each pair measured back to back: 4.00x, 6.00x, 2.50x; median **4.00x**" in report
