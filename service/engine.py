@@ -7,6 +7,7 @@ ONNX Runtime lists CUDA as available even without a GPU and silently falls back 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +41,29 @@ class Engine(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
+def cgroup_cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """Whole cores a cgroup v2 CPU quota allows (`docker --cpus`, a Kubernetes CPU limit), rounded up;
+    None without a quota."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a CPU quota. `os.cpu_count()` counts the
+    host's, so a container limited to 2 of 64 cores would run 64 threads (or engine instances)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, quota)) if quota else cores
+
+
 def choose_providers(device: str) -> list[str]:
     """Providers to ask for, best first; CPU is always the last resort."""
     if device == "cpu":
@@ -71,7 +95,7 @@ class OrtEngine:
     ) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = intra_op_threads or (os.cpu_count() or 1)
+        options.intra_op_num_threads = intra_op_threads or available_cores()
         options.inter_op_num_threads = inter_op_threads
         # Spinning threads steal the cores the event loop and tokenizer need under a server.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

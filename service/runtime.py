@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.batching import BatchPolicy, MicroBatcher
-from service.engine import CUDA, Engine, OrtEngine
+from service.engine import CUDA, Engine, OrtEngine, available_cores
 from service.generation.engine import GenerationEngine
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
@@ -62,7 +61,7 @@ def engine_plan(
     cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 351-409;
     the demo student 1,457-1,670 vs 1,947-2,078. The price: a lone batch-1 call runs on one thread (MiniLM-
     shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or available_cores()
     if generation:
         instances = 1
     elif settings.instances:

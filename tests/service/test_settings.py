@@ -62,3 +62,21 @@ def test_instances_split_the_cores_on_a_cpu_and_stay_single_elsewhere() -> None:
     pinned = Settings(instances=3, intra_op_threads=2)
     assert engine_plan(pinned, on_gpu=False, generation=False, cores=8) == EnginePlan(instances=3, threads=2)
     assert EnginePlan(2, 3).settings(s).intra_op_threads == 3
+
+
+def test_the_core_count_respects_a_container_cpu_quota(tmp_path: Path) -> None:
+    import os
+
+    from service.engine import available_cores, cgroup_cpu_quota
+
+    cpu_max = tmp_path / "cpu.max"
+    assert cgroup_cpu_quota(tmp_path / "absent") is None
+    for text, cores in (
+        ("max 100000\n", None),
+        ("200000 100000\n", 2),
+        ("150000 100000\n", 2),
+        ("50000 100000", 1),
+    ):
+        cpu_max.write_text(text)
+        assert cgroup_cpu_quota(cpu_max) == cores, text
+    assert 1 <= available_cores() <= (os.cpu_count() or 1)
