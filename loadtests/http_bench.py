@@ -1,14 +1,15 @@
 """`make bench`: the service under load over HTTP, in one run, against its own engine and a naive server.
 
-    python -m loadtests.http_bench --repository models --demo build/demo --out docs/bench
+    python -m loadtests.http_bench run --repository models --demo build/demo --out docs/bench
 
 - classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
   DISTILSERVE_MAX_BATCH_SIZE=1 vs a naive FastAPI + transformers pipeline server, at 1, 8 and 64 connections,
   driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
-  batch size in a separate process; padding efficiency and mean batch size from the service's own metrics;
+  batch size in a separate process, as one call on every core and as one single-threaded call per core;
+  padding efficiency and mean batch size from the service's own metrics;
 - QA and fill-mask at 8 connections;
 - generation: aggregate tokens/s and time to first token at 1, 4 and 16 streams, continuous batching vs
-  DISTILSERVE_GEN_MAX_BATCH=1.
+  DISTILSERVE_GEN_MAX_BATCH=1, each pair back to back (three pairs at 16 streams, their median reported).
 Every figure comes from this one run; nothing else should run on the machine meanwhile.
 """
 
@@ -271,7 +272,9 @@ def raw_command(
 
 def raw_in_process(version_dir: Path, batch: int, device: str, instances: int = 1) -> float:
     """In a fresh process, with the cores split between `instances` concurrent calls."""
-    threads = max(1, (os.cpu_count() or 1) // instances)
+    from service.engine import available_cores
+
+    threads = max(1, available_cores() // instances)
     command = [sys.executable, "-m", "loadtests.http_bench", "raw", str(version_dir), str(batch)]
     command += ["--device", device, "--threads", str(threads), "--instances", str(instances)]
     return float(
@@ -282,7 +285,9 @@ def raw_in_process(version_dir: Path, batch: int, device: str, instances: int = 
 def raw_engine(version_dir: Path, device: str) -> dict[str, float]:
     """The engine's throughput at each batch size, as one call on every core ("b8") and, on a CPU, as one
     single-threaded call per core at once ("b8 2x1", the service's CPU default): the best any server gets."""
-    cores = os.cpu_count() or 1
+    from service.engine import available_cores
+
+    cores = available_cores()
     raw = {f"b{b}": raw_in_process(version_dir, b, device) for b in (1, 8, 32, 64)}
     if device == "cpu" and cores > 1:
         raw |= {f"b{b} {cores}x1": raw_in_process(version_dir, b, device, cores) for b in (1, 8, 32, 64)}

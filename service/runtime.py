@@ -58,8 +58,8 @@ def engine_plan(
 ) -> EnginePlan:
     """On a CPU, one single-threaded call per core beats one call spread over every core: a parallel op waits
     for its slowest thread, and beside the event loop one of them is always late. ONNX Runtime alone, 2
-    cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 351-409;
-    the demo student 1,457-1,670 vs 1,947-2,078. The price: a lone batch-1 call runs on one thread (MiniLM-
+    cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 362-409;
+    the demo student 1,457-1,670 vs 1,947-2,041. The price: a lone batch-1 call runs on one thread (MiniLM-
     shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time."""
     cores = cores or available_cores()
     if generation:
