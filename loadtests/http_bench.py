@@ -2,8 +2,9 @@
 
     python -m loadtests.http_bench run --repository models --demo build/demo --out docs/bench
 
-- classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
-  DISTILSERVE_MAX_BATCH_SIZE=1 vs a naive FastAPI + transformers pipeline server, at 1, 8 and 64 connections,
+- classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on (one process,
+  and --workers processes) vs DISTILSERVE_MAX_BATCH_SIZE=1 vs a naive FastAPI + transformers pipeline
+  server, at 1, 8 and 64 connections,
   driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
   batch size in a separate process, as one call on every core and as one single-threaded call per core;
   padding efficiency and mean batch size from the service's own metrics;
@@ -508,7 +509,7 @@ def plot(classification: dict[str, Any], generation: list[dict], out: Path) -> N
 
     fig, axes = plt.subplots(1, len(classification) + 1, figsize=(6 * (len(classification) + 1), 4.5))
     for ax, (model, section) in zip(axes, classification.items(), strict=False):
-        for server in ("batching", "batch-1", "naive"):
+        for server in dict.fromkeys(r.server for r in section["load"]):
             rows = [r for r in section["load"] if r.server == server]
             ax.plot([r.connections for r in rows], [r.rps for r in rows], marker="o", label=server)
         ax.axhline(max(section["raw"].values()), linestyle="--", color="grey", label="best raw engine")
@@ -575,6 +576,14 @@ def generation_pairs(
     print(f"continuous / one at a time at {streams} streams: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
 
+def classification_servers(workers: int) -> list[tuple[str, dict[str, str]]]:
+    """The service configurations each classification model is loaded with, by the name the report uses."""
+    servers = [("batching", {}), ("batch-1", {"DISTILSERVE_MAX_BATCH_SIZE": "1"})]
+    if workers > 1:
+        servers.append((f"batching, {workers} workers", {"DISTILSERVE_WORKERS": str(workers)}))
+    return servers
+
+
 @app.command("run")
 def run(
     repository: Annotated[Path, typer.Option(help="The demo model repository (make models).")] = Path(
@@ -593,6 +602,9 @@ def run(
     work: Annotated[
         Path, typer.Option(help="The benchmark's repository: --repository plus a MiniLM-shaped model.")
     ] = Path("build/bench-models"),
+    workers: Annotated[
+        int, typer.Option(help="Also serve with this many worker processes (DISTILSERVE_WORKERS); 1: skip.")
+    ] = 2,
 ) -> None:
     """Run every measurement of the service benchmark once and write the report."""
     if device not in ("cpu", "gpu"):
@@ -616,7 +628,7 @@ def run(
         console.print(f"  raw engine sequences/s: {raw}")
         results = []
         model_body = [json.dumps({"inputs": json.loads(b)["inputs"], "model": model}) for b in bodies]
-        for name, env in (("batching", {}), ("batch-1", {"DISTILSERVE_MAX_BATCH_SIZE": "1"})):
+        for name, env in classification_servers(workers):
             with serve(bench_repo, env) as base:
                 results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
         if hf_dir is not None:

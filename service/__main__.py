@@ -1,4 +1,4 @@
-"""`python -m service [--flags]`: serve the model repository with uvicorn (one process per device)."""
+"""`python -m service [--flags]`: serve the model repository with uvicorn (`--workers N`: N processes)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ from service.logs import configure_logging
 from service.runtime import EngineFactory, ort_engine_factory
 from service.server import serve
 from service.settings import parse_cli
+from service.workers import supervise
 
 
 def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engine_factory) -> None:
     settings = parse_cli(argv)
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        raise SystemExit(supervise(settings, engine_factory))
     try:
         app = create_app(settings, engine_factory)
     except StartupError as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -52,7 +52,13 @@ def load_models(settings: Settings, metrics: Metrics, engine_factory: EngineFact
     return models
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_factory) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine_factory: EngineFactory = ort_engine_factory,
+    loaded: Callable[[], Awaitable[None]] | None = None,
+) -> FastAPI:
+    """`loaded`: awaited once the models are loaded, warm and ready, before the server listens (a worker
+    waits there until its siblings are ready too, so the first burst of connections reaches all of them)."""
     metrics = Metrics()
     drain = DrainGate()
     try:
@@ -72,6 +78,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory = ort_engine_fa
             m.start()
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
+        if loaded is not None:
+            await loaded()
         try:
             yield
         finally:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.batching import BatchStats
 from service.generation.engine import EngineHooks
@@ -48,8 +50,21 @@ class ModelSeries:
             self.batch_failures.inc()
 
 
+def multiprocess_dir() -> str | None:
+    """Where worker processes keep their metric files (prometheus_client's multiprocess mode), if they do.
+
+    prometheus_client picks file-backed values at import when this variable is set, so the supervisor sets
+    it before it starts the workers (service.workers).
+    """
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
 class Metrics:
-    """One instance per app, on its own registry, so several apps (tests) never collide."""
+    """One instance per app, on its own registry, so several apps (tests) never collide.
+
+    Under several workers every process writes its own series to files, and a scrape of any worker sums
+    them (`exposition`): counters and histograms add up, gauges are the live workers' sum (`livesum`).
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -131,17 +146,20 @@ class Metrics:
             "distilserve_queue_depth",
             "Sequences waiting for the engine.",
             ["model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.in_flight = Gauge(
             "distilserve_requests_in_flight",
             "HTTP requests being handled.",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.model_info = Gauge(
             "distilserve_model_info",
             "Served models (value 1): name, version, task, variant, provider.",
             ["model", "version", "task", "variant", "provider"],
+            multiprocess_mode="livemax",
             registry=r,
         )
 
@@ -173,13 +191,27 @@ class Metrics:
             "distilserve_running_sequences",
             "Sequences in the running generation batch.",
             ["model"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.waiting_sequences = Gauge(
-            "distilserve_waiting_sequences", "Generation requests waiting to join.", ["model"], registry=r
+            "distilserve_waiting_sequences",
+            "Generation requests waiting to join.",
+            ["model"],
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self._models: dict[str, ModelSeries] = {}
         self._requests: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: this app's registry, or every worker's files summed."""
+        directory = multiprocess_dir()
+        if directory is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=directory)
+        return generate_latest(merged)
 
     def generation_hooks(self, model: str) -> EngineHooks:
         """The generation engine's reports, turned into this model's metrics (series exist from the start)."""

@@ -61,7 +61,7 @@ def engine_plan(
     cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 362-409;
     the demo student 1,457-1,670 vs 1,947-2,041. The price: a lone batch-1 call runs on one thread (MiniLM-
     shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time."""
-    cores = cores or available_cores()
+    cores = cores or max(1, available_cores() // settings.workers)  # each worker process gets its share
     if generation:
         instances = 1
     elif settings.instances:

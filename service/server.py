@@ -67,8 +67,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
-def serve(app: FastAPI, settings: Settings) -> None:
-    """Run `app` until a signal, then drain and stop; exits like uvicorn.run when start-up fails."""
+def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """Run `app` until a signal, then drain and stop; exits like uvicorn.run when start-up fails.
+
+    `sockets`: listen on these (a worker, on its supervisor's socket) instead of binding host and port.
+    """
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -78,6 +81,6 @@ def serve(app: FastAPI, settings: Settings) -> None:
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     server = DrainingServer(config, app, settings.shutdown_grace_s)
-    server.run()
+    server.run(sockets)
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -26,14 +26,24 @@ class Settings(BaseSettings):
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Server processes sharing the port, each a whole server (its models, batchers, event "
+        "loop) on its share of the cores. One Python event loop spends ~1 ms of CPU a request: several feed "
+        "a GPU or many cores better. Metrics are summed across them.",
+    )
     instances: int = Field(
         0,
         ge=0,
         description="Engine calls one model runs at once (Triton's instance count), sharing one session. "
-        "0 = auto: one per core on a CPU, each on one thread; 1 on a GPU. Generation always runs one.",
+        "0 = auto: one per core (of the worker's share) on a CPU, each on one thread; 1 on a GPU. "
+        "Generation always runs one.",
     )
     intra_op_threads: int = Field(
-        0, ge=0, description="ONNX Runtime intra-op threads per engine call; 0 = the cores / instances."
+        0,
+        ge=0,
+        description="ONNX Runtime intra-op threads per engine call; 0 = the worker's cores / instances.",
     )
     inter_op_threads: int = Field(1, ge=1, description="ONNX Runtime inter-op threads.")
     max_batch_size: int = Field(32, ge=1, description="Most requests (sequences) in one engine call.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.api.deps import get_metrics
 from service.metrics import Metrics
@@ -26,4 +26,4 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics.", include_in_schema=False)
 async def metrics(m: Metrics = Depends(get_metrics)) -> Response:
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(m.exposition(), media_type=CONTENT_TYPE_LATEST)

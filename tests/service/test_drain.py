@@ -42,12 +42,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def slow_server(tiny_repository: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """The real entry point on 127.0.0.1, with each classification engine call taking 0.4 s."""
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def slow_server(
+    tiny_repository: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The real entry point on 127.0.0.1, with each classification engine call taking 0.4 s; alone or as
+    two workers behind the supervisor (which forwards SIGTERM, and every worker drains)."""
     port = free_port()
     env = {
         **os.environ,
+        "DISTILSERVE_WORKERS": str(request.param),
         "SLOW_ENGINE_S": "0.4",
         "DISTILSERVE_MAX_BATCH_SIZE": "2",
         "DISTILSERVE_MAX_BODY_BYTES": "16384",

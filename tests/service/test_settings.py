@@ -64,6 +64,18 @@ def test_instances_split_the_cores_on_a_cpu_and_stay_single_elsewhere() -> None:
     assert EnginePlan(2, 3).settings(s).intra_op_threads == 3
 
 
+def test_workers_split_the_cores_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.runtime as runtime
+
+    monkeypatch.setattr(runtime, "available_cores", lambda: 8)
+    plan = runtime.engine_plan
+    assert plan(Settings(workers=2), on_gpu=False, generation=False) == runtime.EnginePlan(4, 1)
+    assert plan(Settings(workers=8), on_gpu=False, generation=False) == runtime.EnginePlan(1, 1)
+    assert plan(Settings(workers=16), on_gpu=False, generation=False) == runtime.EnginePlan(1, 1)
+    assert plan(Settings(workers=4), on_gpu=True, generation=False) == runtime.EnginePlan(1, 2)
+    assert plan(Settings(workers=2), on_gpu=False, generation=True) == runtime.EnginePlan(1, 4)
+
+
 def test_the_core_count_respects_a_container_cpu_quota(tmp_path: Path) -> None:
     import os
 
