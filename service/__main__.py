@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from service.app import StartupError, create_app
 from service.logs import configure_logging
+from service.metrics import clear_multiprocess_dir
 from service.runtime import EngineFactory, ort_engine_factory
 from service.server import serve
 from service.settings import parse_cli
@@ -15,6 +16,7 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engi
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
         raise SystemExit(supervise(settings, engine_factory))
+    clear_multiprocess_dir()  # one process told to keep multiprocess metric files: start from none
     try:
         app = create_app(settings, engine_factory)
     except StartupError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -57,6 +58,15 @@ def multiprocess_dir() -> str | None:
     it before it starts the workers (service.workers).
     """
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def clear_multiprocess_dir() -> None:
+    """Empty the multiprocess directory, if one is set: the files of an earlier run would add up."""
+    directory = multiprocess_dir()
+    if directory is not None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink()
 
 
 class Metrics:

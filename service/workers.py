@@ -29,13 +29,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event, Semaphore
-from pathlib import Path
 from types import FrameType
 
 from prometheus_client import multiprocess
 
 from service.app import StartupError, create_app
 from service.logs import configure_logging
+from service.metrics import clear_multiprocess_dir, multiprocess_dir
 from service.runtime import EngineFactory
 from service.server import STARTUP_FAILURE, serve
 from service.settings import Settings
@@ -209,12 +209,10 @@ class Supervisor:
 
 def _metrics_dir() -> tuple[str, bool]:
     """The multiprocess metrics directory, emptied (files of an earlier run would add up); True when ours."""
-    given = os.environ.get(METRICS_DIR_ENV)
-    if not given:
+    given = multiprocess_dir()
+    if given is None:
         return tempfile.mkdtemp(prefix="distilserve-metrics-"), True
-    Path(given).mkdir(parents=True, exist_ok=True)
-    for stale in Path(given).glob("*.db"):
-        stale.unlink()
+    clear_multiprocess_dir()
     return given, False
 
 
