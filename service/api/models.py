@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from service.api.deps import get_registry
+from service.api.deps import Collaborators, collaborators
 from service.api.schemas import ModelCard, ModelList
-from service.registry import ModelRegistry
 
 router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList)
-async def list_models(registry: ModelRegistry = Depends(get_registry)) -> ModelList:
-    return ModelList(models=[ModelCard.model_validate(m.describe()) for m in registry.all()])
+async def list_models(c: Collaborators = Depends(collaborators)) -> ModelList:
+    workers = c.settings.workers
+    return ModelList(
+        models=[ModelCard.model_validate(m.describe() | {"workers": workers}) for m in c.registry.all()]
+    )

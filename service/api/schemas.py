@@ -183,7 +183,8 @@ class ModelCard(BaseModel):
     task: str
     variant: str
     provider: str
-    instances: int = Field(description="Engine calls this model runs at once.")
+    workers: int = Field(description="Server processes, each with its own copy of this model.")
+    instances: int = Field(description="Engine calls this model runs at once (in each worker).")
     threads_per_instance: int = Field(description="ONNX Runtime intra-op threads of each call.")
     labels: list[str]
     max_sequence_length: int

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from service.engine import available_cores
 from tests.service.live_server import live_server
 
 WORKERS = {"DISTILSERVE_WORKERS": "2", "DISTILSERVE_LOG_LEVEL": "warning", "DISTILSERVE_WARMUP": "false"}
@@ -54,6 +55,12 @@ def test_workers_share_the_port_and_their_metrics_and_a_dead_one_is_replaced(tin
         supervisor = server.process.pid
         first = worker_pids(supervisor)
         assert len(first) == 2
+
+        share = max(1, available_cores() // 2)  # each worker plans on its half of the cores
+        cards = httpx.get(f"{server.base_url}/v1/models").json()["models"]
+        assert {c["workers"] for c in cards} == {2}
+        plans = {(c["instances"], c["threads_per_instance"]) for c in cards if c["task"] != "text-generation"}
+        assert plans == {(share, 1)}
 
         assert [classify(server.base_url) for _ in range(30)] == [200] * 30
         assert [classified(server.base_url) for _ in range(6)] == [30.0] * 6
