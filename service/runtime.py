@@ -230,6 +230,7 @@ def _generation_engine(
         layout.eos_token_id,
         executor,
         metrics.generation_hooks(name),
+        stream_interval_s=settings.gen_stream_interval_ms / 1000.0,
     )
 
 

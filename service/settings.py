@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         description="KV-cache positions reserved across running sequences (prompt + max_new_tokens).",
     )
     gen_max_waiting: int = Field(256, ge=1, description="Generation requests waiting to join before 429.")
+    gen_stream_interval_ms: float = Field(
+        10.0,
+        ge=0,
+        description="A stream is written at most once per this many ms: its first token at once, tokens "
+        "due sooner together (each still its own SSE event). 0 = every token as it comes.",
+    )
     max_client_batch: int = Field(64, ge=1, description="Most inputs in one HTTP request.")
     warmup: bool = Field(True, description="Run the engine over the batch shapes before /ready turns 200.")
     strict_repository: bool = Field(False, description="Fail start-up if any model version is broken.")

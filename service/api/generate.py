@@ -80,20 +80,18 @@ async def generate(
 
 
 async def _generate_events(prepared: Prepared) -> AsyncIterator[bytes]:
-    seq, events = start_stream(prepared)
+    seq, groups = start_stream(prepared)
     text = []
     try:
-        async for event in events:
-            text.append(event.text)
-            yield sse({"index": event.index, "token": event.token_id, "text": event.text})
-            if event.finish_reason is not None:
-                yield sse(
-                    {
-                        "finish_reason": event.finish_reason,
-                        "generated_text": "".join(text),
-                        "tokens": seq.streamed,
-                    }
-                )
+        async for group in groups:
+            chunk = []
+            for event in group:
+                text.append(event.text)
+                chunk.append(sse({"index": event.index, "token": event.token_id, "text": event.text}))
+                if event.finish_reason is not None:
+                    final = {"finish_reason": event.finish_reason, "generated_text": "".join(text)}
+                    chunk.append(sse(final | {"tokens": seq.streamed}))
+            yield b"".join(chunk)
     except Exception as e:  # the stream has started: the error travels as an event
         yield sse({"error": str(e), "error_type": "backend"})
 
@@ -139,7 +137,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 async def _completion_chunks(
     prepared: Prepared, completion_id: str, created: int, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    seq, events = start_stream(prepared)
+    seq, groups = start_stream(prepared)
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -152,9 +150,10 @@ async def _completion_chunks(
         }
 
     try:
-        async for event in events:
-            finish = OPENAI_FINISH[event.finish_reason] if event.finish_reason else None
-            yield sse(chunk(event.text, finish))
+        async for group in groups:
+            yield b"".join(
+                sse(chunk(e.text, OPENAI_FINISH[e.finish_reason] if e.finish_reason else None)) for e in group
+            )
         if include_usage:
             final = chunk("", None) | {"choices": [], "usage": _usage(len(seq.prompt), seq.streamed)}
             yield sse(final)

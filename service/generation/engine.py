@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -49,8 +50,10 @@ class GenerationEngine:
         eos_token_id: int | None,
         executor: Executor,
         hooks: EngineHooks | None = None,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self.runner = runner
+        self.stream_interval_s = stream_interval_s
         self.scheduler = scheduler
         self._detokenizer = detokenizer  # a new incremental decoder per sequence
         self.eos_token_id = eos_token_id
@@ -89,14 +92,38 @@ class GenerationEngine:
         return seq
 
     async def stream(self, seq: GenSequence) -> AsyncIterator[TokenEvent]:
-        """The sequence's events until it finishes; leaving early (client gone) frees its slot."""
+        """The sequence's events one by one, as they come, until it finishes."""
+        async with contextlib.aclosing(self.stream_groups(seq, interval_s=0.0)) as groups:
+            async for group in groups:
+                for event in group:
+                    yield event
+
+    async def stream_groups(
+        self, seq: GenSequence, interval_s: float | None = None
+    ) -> AsyncGenerator[list[TokenEvent], None]:
+        """The sequence's events until it finishes, handed out at most once per `interval_s` (default: the
+        engine's `stream_interval_s`): the first at once, and whenever the last hand-out is that long ago;
+        events due sooner wait and go together.
+
+        Every hand-out costs the event loop a task wake-up, a trip through the ASGI middlewares and a socket
+        write; at 16 streams on 2 cores that was most of its ~130 us per token. Leaving early (client
+        gone) frees the sequence's slot."""
+        interval_s = self.stream_interval_s if interval_s is None else interval_s
+        loop = asyncio.get_running_loop()
+        handed_out = -math.inf
         try:
             while True:
-                event = await seq.events.get()
+                group = [await seq.events.get()]
+                wait = handed_out + interval_s - loop.time()
+                if wait > 0 and group[0].finish_reason is None:
+                    await asyncio.sleep(wait)
+                while not seq.events.empty():
+                    group.append(seq.events.get_nowait())
                 if seq.error is not None:
                     raise seq.error
-                yield event
-                if event.finish_reason is not None:
+                handed_out = loop.time()
+                yield group
+                if group[-1].finish_reason is not None:
                     return
         finally:
             if seq.finish_reason is None:

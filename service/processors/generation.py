@@ -63,7 +63,8 @@ async def complete(prepared: Prepared) -> Completion:
     )
 
 
-def start_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[TokenEvent]]:
-    """Queue the request now (so 429 comes before any byte is sent) and return its event stream."""
+def start_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
+    """Queue the request now (so 429 comes before any byte is sent) and return its events, in the groups
+    the engine's stream interval hands them out in (one write each)."""
     seq = prepared.engine.submit(prepared.prompt, prepared.params)
-    return seq, prepared.engine.stream(seq)
+    return seq, prepared.engine.stream_groups(seq)

@@ -318,3 +318,33 @@ def test_joins_and_leaves_keep_every_sequence_exact_and_the_cache_bounded(parts:
         running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
         step += 1
     assert [s.output for s in everyone] == [solo(p, n) for p, n in zip(prompts, lengths, strict=True)]
+
+
+def test_a_stream_interval_groups_fast_tokens_and_hands_the_first_out_at_once(parts: tuple[Any, ...]) -> None:
+    """Hand-outs at least `interval` apart (tokens due meanwhile wait and go together), the first at once,
+    and every token in order: the same tokens as one by one."""
+    prompt = ids(parts, PROMPTS[1])
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    interval = 0.1
+    one_by_one = alone(parts, prompt, params)  # (and the session is warm: no first-call cost below)
+
+    async def main() -> tuple[list[list[Any]], list[float], float]:
+        engine = make_engine(parts)
+        engine.start()
+        loop = asyncio.get_running_loop()
+        submitted = loop.time()
+        groups, times = [], []
+        async for group in engine.stream_groups(engine.submit(prompt, params), interval_s=interval):
+            groups.append(group)
+            times.append(loop.time())
+        await engine.close()
+        return groups, times, submitted
+
+    groups, times, submitted = run(main())
+    events = [e for g in groups for e in g]
+    assert [e.index for e in events] == list(range(32)) and events[-1].finish_reason == "length"
+    assert [e.token_id for e in events] == one_by_one
+    assert len(groups) < len(events)  # 32 tokens of a tiny model come faster than one per 0.1 s
+    assert times[0] - submitted < interval  # the first token did not wait for the interval
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(gap >= interval - 0.01 for gap in gaps), gaps  # (the loop may fire a timer 1 tick early)
