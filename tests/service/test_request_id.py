@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
-from service.api.access import AccessMiddleware
+from service.api.access import AccessMiddleware, RequestIds
 from service.app import create_app
 from service.logs import ACCESS_LOGGER, JsonAccessFormatter, TextAccessFormatter
 from service.request_context import TextLimits
@@ -37,6 +38,22 @@ def test_an_id_is_generated_when_none_is_sent(client: TestClient) -> None:
     assert HEX_ID.fullmatch(first.headers["X-Request-ID"])
     assert HEX_ID.fullmatch(second.headers["X-Request-ID"])
     assert first.headers["X-Request-ID"] != second.headers["X-Request-ID"]
+
+
+def test_fresh_ids_are_unique_and_a_forked_child_draws_its_own() -> None:
+    ids = RequestIds()
+    drawn = [ids.next() for _ in range(10_000)]
+    assert len(set(drawn)) == len(drawn) and all(HEX_ID.fullmatch(i) for i in drawn)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: one id back to the parent, then out without running anything else
+        os.write(write, ids.next().encode())
+        os._exit(0)
+    os.close(write)
+    from_child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(child, 0)
+    assert HEX_ID.fullmatch(from_child) and from_child[:20] != drawn[0][:20]  # another process prefix
 
 
 @pytest.mark.parametrize("given", ["abc-123", "trace.id_42", "A" * 128])
