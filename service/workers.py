@@ -8,8 +8,8 @@ whichever worker wakes first accept a burst of them: 64 connections opened at on
 uvicorn listens only once the app has started, so a worker still loading its models, or a replacement for
 one that died, gets no connections until it can answer them. The supervisor holds the port (bound, never
 listening), keeps prometheus_client's multiprocess files so any worker's /metrics reports the sum, starts a
-worker again when one dies, stops everything when one cannot start, and on SIGTERM or Ctrl-C has every
-worker drain as a single server would.
+worker again when one dies (later and later while it keeps dying young), stops everything when one cannot
+start, and on SIGTERM or Ctrl-C has every worker drain as a single server would.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STOP_MARGIN_S = 30.0  # past the grace period: closing the models and the interpreter, before SIGKILL
+SETTLED_S = 60.0  # a worker that dies sooner after its start counts towards the restart backoff
+MAX_BACKOFF_S = 30.0
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -106,6 +108,9 @@ class Supervisor:
         self._spawn = multiprocessing.get_context("spawn")  # no fork: ONNX Runtime threads do not survive one
         self._gate = StartGate(self._spawn.Semaphore(0), self._spawn.Event())
         self._loaded = 0
+        self._started_at: dict[int, float] = {}
+        self._quick_deaths: dict[int, int] = {}
+        self._restart_at: dict[int, float] = {}  # worker index -> when its replacement starts
         self._signals: list[int] = []
         self._wake = threading.Event()
         self.workers: list[BaseProcess] = []
@@ -151,6 +156,7 @@ class Supervisor:
             name=f"distilserve-worker-{index}",
         )
         process.start()
+        self._started_at[index] = time.monotonic()
         log.info("worker %d: pid %s", index, process.pid)
         return process
 
@@ -159,21 +165,37 @@ class Supervisor:
             self._wake.wait(0.5)
             self._open_when_all_loaded()
             for index, process in enumerate(self.workers):
-                if self._signals or process.is_alive():
+                if self._signals:
+                    break
+                if index in self._restart_at:  # dead, its replacement due later
+                    if time.monotonic() >= self._restart_at[index]:
+                        del self._restart_at[index]
+                        self.workers[index] = self._start(index)
+                    continue
+                if process.is_alive():
                     continue
                 process.join()
                 _forget(process, metrics_dir)
                 if process.exitcode == STARTUP_FAILURE:
                     log.error("worker %d could not start; stopping the others", index)
                     return STARTUP_FAILURE
+                self._restart_at[index] = time.monotonic() + self._backoff(index)
                 log.warning(
-                    "worker %d (pid %s) exited with %s; starting another",
+                    "worker %d (pid %s) exited with %s; starting another in %.1f s",
                     index,
                     process.pid,
                     process.exitcode,
+                    self._restart_at[index] - time.monotonic(),
                 )
-                self.workers[index] = self._start(index)
         return 0
+
+    def _backoff(self, index: int) -> float:
+        """0 for a worker that had been running a while; 1, 2, 4 ... 30 s for one that keeps dying young
+        (killed while loading its models, say), so a crash loop does not reload the models twice a second."""
+        lived = time.monotonic() - self._started_at.get(index, 0.0)
+        self._quick_deaths[index] = self._quick_deaths.get(index, 0) + 1 if lived < SETTLED_S else 0
+        deaths = self._quick_deaths[index]
+        return 0.0 if deaths == 0 else min(MAX_BACKOFF_S, 2.0 ** (deaths - 1))
 
     def _open_when_all_loaded(self) -> None:
         if self._gate.go.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -148,3 +149,28 @@ def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts(tmp_path: P
         )
     assert done.returncode == 3, done.stderr
     assert f"cannot bind 127.0.0.1:{port}" in done.stderr and "worker 0" not in done.stderr
+
+
+def test_a_worker_that_keeps_dying_young_is_restarted_ever_later(tiny_repository: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "tests.service.crashing_server", "--port", "0", "--workers", "2"]
+    supervisor = subprocess.Popen(
+        [*command, "--model-repository", str(tiny_repository)],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    delays: list[float] = []
+    lines: list[str] = []
+    assert supervisor.stderr is not None
+    deadline = time.monotonic() + 120
+    while len(delays) < 2 and time.monotonic() < deadline:  # worker 0's first two deaths
+        line = supervisor.stderr.readline()
+        lines.append(line)
+        if "worker 0 (pid" in line and "starting another in" in line:
+            delays.append(float(line.rsplit("in ", 1)[1].split()[0]))
+    supervisor.send_signal(signal.SIGTERM)  # pending restarts are dropped: it stops at once
+    rest, _ = supervisor.communicate(timeout=60)
+    assert delays == [1.0, 2.0], "".join(lines)
+    assert supervisor.returncode == 0, rest
