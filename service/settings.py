@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -119,4 +119,14 @@ def parse_cli(argv: list[str] | None = None) -> Settings:
             help=f"{field.description} [env {env}; default {field.default}]",
         )
     given: dict[str, Any] = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    return Settings(**given)
+    try:
+        return Settings(**given)
+    except ValidationError as e:  # a usage error (exit 2) naming the flag and its variable, not a traceback
+        parser.error(
+            "; ".join(
+                f"{_flag(str(err['loc'][0]))} / DISTILSERVE_{str(err['loc'][0]).upper()}: {err['msg']}"
+                if err["loc"]
+                else err["msg"]
+                for err in e.errors()
+            )
+        )

@@ -50,6 +50,8 @@ MAX_BACKOFF_S = 30.0
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port beside others (SO_REUSEPORT), not listening yet."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise OSError("several workers need SO_REUSEPORT (Linux); run one worker on this system")
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]

@@ -32,6 +32,20 @@ def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings()
 
 
+def test_a_bad_flag_or_variable_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_cli(["--workers", "0"])
+    assert exited.value.code == 2
+    refused = "--workers / DISTILSERVE_WORKERS: Input should be greater than or equal to 1"
+    assert refused in capsys.readouterr().err
+    monkeypatch.setenv("DISTILSERVE_GEN_STREAM_INTERVAL_MS", "-1")
+    with pytest.raises(SystemExit):
+        parse_cli([])
+    assert "--gen-stream-interval-ms / DISTILSERVE_GEN_STREAM_INTERVAL_MS" in capsys.readouterr().err
+
+
 def test_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_cli(["--help"])

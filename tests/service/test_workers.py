@@ -72,9 +72,19 @@ def test_workers_share_the_port_and_their_metrics_and_a_dead_one_is_replaced(tin
         assert [classify(server.base_url) for _ in range(10)] == [200] * 10
         replaced = wait_for_workers(supervisor, 2, not_in={victim})
         assert len(replaced & first) == 1
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{server.base_url}/ready").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        (newcomer,) = replaced - first
+        port = urlsplit(server.base_url).port
+        assert port is not None
+        deadline = time.monotonic() + 60  # it listens once loaded: then new connections reach it too
+        while True:
+            clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+            time.sleep(0.3)
+            accepted = accepted_connections(newcomer, port)
+            for client in clients:
+                client.close()
+            if accepted or time.monotonic() > deadline:
+                break
+        assert accepted > 0
         assert [classify(server.base_url) for _ in range(10)] == [200] * 10
         # A dead worker's counts stay in the sum (prometheus_client's multiprocess files outlive it).
         assert classified(server.base_url) == 50.0
