@@ -6,9 +6,10 @@ from fastapi import APIRouter, Depends, Request
 
 from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, ClassifyRequest, LabelScore
+from service.api.task_route import TaskRoute
 from service.processors.classification import classify as run_classify
 
-router = APIRouter(tags=["tasks"])
+router = APIRouter(tags=["tasks"], route_class=TaskRoute)
 
 
 @router.post(

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Depends, Request
 
 from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, FillMaskCandidate, FillMaskRequest
+from service.api.task_route import TaskRoute
 from service.processors.fill_mask import fill_mask as run_fill_mask
 
-router = APIRouter(tags=["tasks"])
+router = APIRouter(tags=["tasks"], route_class=TaskRoute)
 
 
 @router.post(

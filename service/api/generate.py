@@ -14,10 +14,11 @@ from fastapi.responses import StreamingResponse
 
 from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, CompletionRequest, GenerateRequest, GenerateResponse, SamplingFields
+from service.api.task_route import TaskRoute
 from service.generation.sampling import SamplingParams
 from service.processors.generation import Prepared, complete, prepare, start_stream
 
-router = APIRouter(tags=["generation"])
+router = APIRouter(tags=["generation"], route_class=TaskRoute)
 T = TypeVar("T")
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 

@@ -8,9 +8,10 @@ from fastapi import APIRouter, Depends, Request
 
 from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, QAAnswer, QARequest
+from service.api.task_route import TaskRoute
 from service.processors.qa import answer
 
-router = APIRouter(tags=["tasks"])
+router = APIRouter(tags=["tasks"], route_class=TaskRoute)
 
 
 @router.post(
