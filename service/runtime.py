@@ -20,6 +20,7 @@ from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion
 from service.settings import Settings
+from service.tasks.classification import with_probabilities
 from service.tokenization import EncodedText, TextEncoder, pad_batch
 
 log = logging.getLogger(__name__)
@@ -105,16 +106,20 @@ class EncoderRunner:
         pad_token_id: int,
         per_position: frozenset[str] = frozenset(),
         gather_token_id: int | None = None,
+        finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
     ) -> None:
         self.engine = engine
         self.pad_token_id = pad_token_id
         self.per_position = per_position
         self.gather_token_id = gather_token_id
+        self.finish = finish  # the task's batch-wide post-processing, here on the engine thread
         self._wanted = set(engine.input_names)
 
     def __call__(self, rows: list[EncodedText]) -> list[dict[str, np.ndarray]]:
         feeds = {k: v for k, v in pad_batch(rows, self.pad_token_id).items() if k in self._wanted}
         outputs = self.engine.run(feeds)
+        if self.finish is not None:
+            outputs = self.finish(outputs)
         return [self._own(i, row, outputs) for i, row in enumerate(rows)]
 
     def _own(self, i: int, row: EncodedText, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -259,8 +264,9 @@ def load_model(
         )
     else:
         gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
+        finish = with_probabilities if manifest.task == "text-classification" else None
         served.runner = EncoderRunner(
-            engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather
+            engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather, finish
         )
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,

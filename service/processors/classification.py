@@ -18,4 +18,4 @@ async def classify(
         encoded = model.encoder.encode(texts)
     enforce_window(encoded, model.encoder.max_length)
     outputs = await run_all(model, encoded, timeout_s)
-    return [top_labels(o["logits"], model.manifest.labels, top_k) for o in outputs]
+    return [top_labels(o["probabilities"], model.manifest.labels, top_k) for o in outputs]

@@ -18,8 +18,18 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def top_labels(logits: np.ndarray, labels: dict[int, str], top_k: int) -> list[LabelScore]:
-    """Best `top_k` labels of one row of logits, highest score first; top_k beyond the labels is clamped."""
-    scores = softmax(logits.astype(np.float64))
-    order = np.argsort(-scores, kind="stable")[: max(1, top_k)]
-    return [LabelScore(label=labels.get(int(i), f"LABEL_{int(i)}"), score=float(scores[i])) for i in order]
+def with_probabilities(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch's outputs with its class probabilities beside the logits.
+
+    Run on the engine thread, once per batch: a softmax per row on the event loop cost ~30 us a request
+    (numpy's per-call overhead on a row of two numbers), this costs about that per batch, off the loop.
+    """
+    return {**outputs, "probabilities": softmax(outputs["logits"].astype(np.float64))}
+
+
+def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int) -> list[LabelScore]:
+    """Best `top_k` labels of one row of probabilities, highest first (ties: lower label id first);
+    top_k beyond the labels is clamped."""
+    scores: list[float] = probabilities.tolist()
+    order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)[: max(1, top_k)]
+    return [LabelScore(label=labels.get(i, f"LABEL_{i}"), score=scores[i]) for i in order]
