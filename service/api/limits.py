@@ -1,7 +1,7 @@
 """The request-body cap (pure ASGI): 413 before a byte of an oversized body is parsed.
 
-A declared Content-Length over the cap is refused without reading the body at all; a chunked (or lying)
-body is counted as it streams in, and reading stops at the first byte over the cap.
+A declared Content-Length over the cap is refused without reading the body at all; a chunked body is
+counted as it streams in, and reading stops at the first byte over the cap.
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(self._too_large(f"is {int(declared)} bytes,"), scope, receive, send)
+        if declared.isdigit():
+            if int(declared) > self.max_bytes:
+                await self._refuse(self._too_large(f"is {int(declared)} bytes,"), scope, receive, send)
+                return
+            # uvicorn hands the app at most the declared length (its parser frames the body by it), so
+            # there is nothing to count: skip the two wrappers, a tenth of this stack's time per request.
+            await self.app(scope, receive, send)
             return
 
         received = 0
