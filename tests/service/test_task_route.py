@@ -1,0 +1,73 @@
+"""TaskRoute: the task endpoints skip FastAPI's per-request work and keep its contract (schema, errors)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import APIRouter, Depends
+from fastapi.testclient import TestClient
+
+from service.api.deps import Collaborators, json_collaborators
+from service.api.schemas import ClassifyRequest
+from service.api.task_route import TaskRoute
+from service.app import create_app
+from service.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def client(tiny_repository: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(model_repository=tiny_repository, warmup=False))) as c:
+        yield c
+
+
+def test_an_endpoint_of_another_shape_is_refused_when_declared() -> None:
+    router = APIRouter(route_class=TaskRoute)
+    with pytest.raises(TypeError, match=r"/v1/odd: a task endpoint takes \['body', 'request', 'c'\]"):
+
+        @router.post("/v1/odd")
+        async def odd(body: ClassifyRequest, c: Collaborators = Depends(json_collaborators)) -> None: ...
+
+
+def test_the_schema_still_documents_the_body_and_the_answer(client: TestClient) -> None:
+    operation = client.get("/openapi.json").json()["paths"]["/v1/classify"]["post"]
+    body = operation["requestBody"]
+    assert body["required"] is True
+    assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ClassifyRequest"}
+    answer = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert "LabelScore" in str(answer)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"", "the request body is empty"),
+        (b"[1, 2]", "body: Input should be an object"),
+        (b'{"inputs": "a", "top_k": 0}', "top_k: Input should be greater than or equal to 1"),
+        (b'{"inputs": "a", "colour": "red"}', "colour: Extra inputs are not permitted"),
+        (b'{"inputs": "a"', "malformed JSON body"),
+    ],
+)
+def test_bad_bodies_are_422_with_the_field_named(client: TestClient, content: bytes, expected: str) -> None:
+    r = client.post("/v1/classify", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "validation"
+    assert expected in r.json()["error"], r.json()
+
+
+def test_the_answer_is_the_response_models_json(client: TestClient) -> None:
+    r = client.post("/v1/classify", json={"inputs": ["a wonderful film", "a dull film"], "top_k": 2})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    rows = r.json()
+    assert [[set(item) for item in row] for row in rows] == [[{"label", "score"}] * 2] * 2
+    for row in rows:
+        assert row[0]["score"] >= row[1]["score"]
+        assert sum(item["score"] for item in row) == pytest.approx(1.0)
+
+
+def test_a_form_is_415_before_its_body_is_read(client: TestClient) -> None:
+    r = client.post("/v1/classify", data={"inputs": "a"})
+    assert r.status_code == 415
+    assert "application/json" in r.json()["error"]
