@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         "loop) on its share of the cores. One Python event loop spends ~1 ms of CPU a request: several feed "
         "a GPU or many cores better. Metrics are summed across them.",
     )
+    worker_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="With workers: a worker whose event loop has not ticked for this long (stuck, or "
+        "stopped) is killed and started again. Checked once it has loaded its models.",
+    )
     instances: int = Field(
         0,
         ge=0,

@@ -9,13 +9,14 @@ uvicorn listens only once the app has started, so a worker still loading its mod
 one that died, gets no connections until it can answer them. The supervisor holds the port (bound, never
 listening), keeps prometheus_client's multiprocess files so any worker's /metrics reports the sum, starts a
 worker again when one dies (later and later while it keeps dying young), stops everything when one cannot
-start, and on SIGTERM or Ctrl-C has every worker drain as a single server would.
+start, kills and replaces one whose event loop stopped ticking (hung: alive, answering nobody), and on
+SIGTERM or Ctrl-C has every worker drain as a single server would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event, Semaphore
 from types import FrameType
@@ -46,6 +47,7 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STOP_MARGIN_S = 30.0  # past the grace period: closing the models and the interpreter, before SIGKILL
 SETTLED_S = 60.0  # a worker that dies sooner after its start counts towards the restart backoff
 MAX_BACKOFF_S = 30.0
+HEARTBEAT_S = 1.0
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -79,14 +81,44 @@ class StartGate:
             pass
 
 
-def run_worker(settings: Settings, engine_factory: EngineFactory, gate: StartGate, parent: int) -> None:
+@dataclass
+class Heartbeat:
+    """A worker's event loop stamps `last` (time.monotonic, one clock for every process) every second; the
+    supervisor reads it. A loop that stops stamping is stuck (a blocking call, a deadlock, a stopped process):
+    its worker may be alive, but answers nobody. 0 until the worker has loaded its models."""
+
+    last: ctypes.c_double  # shared memory without a lock: a worker stopped while holding one would hang us
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._beat(), name="heartbeat")
+
+    async def _beat(self) -> None:
+        while True:
+            self.last.value = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the last stamp; 0 before the first."""
+        last = self.last.value
+        return now - last if last else 0.0
+
+
+def run_worker(
+    settings: Settings, engine_factory: EngineFactory, gate: StartGate, heartbeat: Heartbeat, parent: int
+) -> None:
     """A worker's life, in a fresh interpreter: the single-process server on a socket of its own."""
     os.setpgrp()  # Ctrl-C reaches the supervisor alone, which forwards it once (twice would skip the drain)
     configure_logging(settings.log_level, settings.log_format)
     threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True, name="orphan-watch").start()
+
+    async def loaded() -> None:
+        await gate.report_and_wait(parent)
+        heartbeat.start()
+
     try:
         sock = reuseport_socket(settings.host, settings.port)
-        app = create_app(settings, engine_factory, loaded=functools.partial(gate.report_and_wait, parent))
+        app = create_app(settings, engine_factory, loaded=loaded)
     except (OSError, StartupError) as e:
         log.error("distilserve: %s", e)
         sys.exit(STARTUP_FAILURE)
@@ -113,6 +145,7 @@ class Supervisor:
         self._started_at: dict[int, float] = {}
         self._quick_deaths: dict[int, int] = {}
         self._restart_at: dict[int, float] = {}  # worker index -> when its replacement starts
+        self._heartbeats: dict[int, Heartbeat] = {}
         self._signals: list[int] = []
         self._wake = threading.Event()
         self.workers: list[BaseProcess] = []
@@ -152,9 +185,10 @@ class Supervisor:
         self._wake.set()
 
     def _start(self, index: int) -> BaseProcess:
+        heartbeat = self._heartbeats[index] = Heartbeat(self._spawn.RawValue(ctypes.c_double, 0.0))
         process = self._spawn.Process(
             target=run_worker,
-            args=(self.settings, self.engine_factory, self._gate, os.getpid()),
+            args=(self.settings, self.engine_factory, self._gate, heartbeat, os.getpid()),
             name=f"distilserve-worker-{index}",
         )
         process.start()
@@ -175,6 +209,7 @@ class Supervisor:
                         self.workers[index] = self._start(index)
                     continue
                 if process.is_alive():
+                    self._kill_if_hung(index, process)
                     continue
                 process.join()
                 _forget(process, metrics_dir)
@@ -190,6 +225,22 @@ class Supervisor:
                     self._restart_at[index] - time.monotonic(),
                 )
         return 0
+
+    def _kill_if_hung(self, index: int, process: BaseProcess) -> None:
+        """SIGKILL (SIGTERM would wait on the stuck loop to drain); the watch loop then replaces it."""
+        heartbeat = self._heartbeats[index]
+        silent = heartbeat.silent_for(time.monotonic())
+        if silent <= self.settings.worker_timeout_s:
+            return
+        log.error(
+            "worker %d (pid %s): its event loop has not ticked for %.0f s (timeout %g s); killing it",
+            index,
+            process.pid,
+            silent,
+            self.settings.worker_timeout_s,
+        )
+        heartbeat.last.value = 0.0  # once
+        process.kill()
 
     def _backoff(self, index: int) -> float:
         """0 for a worker that had been running a while; 1, 2, 4 ... 30 s for one that keeps dying young

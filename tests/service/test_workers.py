@@ -184,3 +184,21 @@ def test_a_worker_that_keeps_dying_young_is_restarted_ever_later(tiny_repository
     rest, _ = supervisor.communicate(timeout=60)
     assert delays == [1.0, 2.0], "".join(lines)
     assert supervisor.returncode == 0, rest
+
+
+def test_a_worker_whose_event_loop_stops_ticking_is_killed_and_replaced(tiny_repository: Path) -> None:
+    """A stopped process stands in for a stuck event loop: alive, its socket open, answering nobody."""
+    with live_server(tiny_repository, {**WORKERS, "DISTILSERVE_WORKER_TIMEOUT_S": "2"}) as server:
+        supervisor = server.process.pid
+        first = worker_pids(supervisor)
+        time.sleep(3)  # both beat: a healthy worker is left alone
+        assert worker_pids(supervisor) == first
+        hung = min(first)
+        os.kill(hung, signal.SIGSTOP)
+        replaced = wait_for_workers(supervisor, 2, not_in={hung}, timeout_s=30)
+        assert replaced & first == first - {hung}
+        assert not worker_pids_alive({hung})
+        assert [classify(server.base_url) for _ in range(10)] == [200] * 10
+        assert server.stop() == 0, server.output
+    assert "its event loop has not ticked for" in server.output
+    assert "exited with -9; starting another" in server.output
