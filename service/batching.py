@@ -196,6 +196,8 @@ class MicroBatcher(Generic[T, R]):
             timing=timing,
         )
         with self._work:
+            if self._closing:  # again under the lock: engine threads stop once they see it and no work
+                raise BatcherClosedError("the server is shutting down and takes no new work")
             self._queue.append(pending)
             self._work.notify()
         self._report_depth()

@@ -342,3 +342,17 @@ def test_with_every_instance_busy_work_coalesces_and_close_waits_for_all() -> No
     assert results == ["aa", "bb"] + [f"q{i}" * 2 for i in range(6)]
     assert sorted(len(batch) for batch in engine.batches)[:2] == [1, 1]
     assert len(engine.batches) == 3 and max(s.size for s in stats) == 6  # the queued six went together
+
+
+def test_engine_threads_take_the_next_batch_without_waiting_for_the_event_loop() -> None:
+    engine = FakeEngine(delay_s=0.01)
+
+    async def body(b: MicroBatcher[str, str]) -> int:
+        tasks = [asyncio.ensure_future(b.submit(f"r{i}")) for i in range(4)]
+        await asyncio.sleep(0)  # one loop turn: all four are queued
+        time.sleep(0.3)  # the loop is busy elsewhere (no turn of it runs) ...
+        ran = len(engine.batches)  # ... yet every batch has run
+        assert await asyncio.gather(*tasks) == [f"r{i}" * 2 for i in range(4)]
+        return ran
+
+    assert run(engine, BatchPolicy(max_batch_size=1), body) == 4
