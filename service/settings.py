@@ -30,8 +30,8 @@ class Settings(BaseSettings):
         1,
         ge=1,
         description="Server processes sharing the port, each a whole server (its models, batchers, event "
-        "loop) on its share of the cores. One Python event loop spends ~1 ms of CPU a request: several feed "
-        "a GPU or many cores better. Metrics are summed across them.",
+        "loop) on its share of the cores. One Python event loop spends ~0.7 ms of CPU a request: several "
+        "feed a GPU or many cores better. Metrics are summed across them.",
     )
     worker_timeout_s: float = Field(
         30.0,

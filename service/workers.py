@@ -1,6 +1,6 @@
 """Several server processes on one port (`DISTILSERVE_WORKERS`), and the small supervisor in front of them.
 
-One Python event loop spends ~1 ms of CPU on every request (HTTP, validation, tokenizing, the response), so
+One Python event loop spends ~0.7 ms of CPU on every request (HTTP, validation, tokenizing, the response), so
 one process cannot keep a GPU or many cores busy. Each worker is the whole single-process server (its models,
 batchers, event loop and drain) on its share of the cores, listening on a socket of its own bound with
 SO_REUSEPORT: the kernel spreads new connections evenly over the listening ones. (One shared socket lets
