@@ -467,7 +467,7 @@ def render(
                 f"| {r.server} | {r.connections} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
                 f"{r.errors} | {mean} | {eff} | {r.rps / best:.2f} | {r.client_cpu:.0%} |"
             )
-        lines.append("")
+        lines += ["", *bars(section["load"], best, device), ""]
     lines += [
         "## QA and fill-mask (8 clients)",
         "",
@@ -499,6 +499,39 @@ def render(
                 + (f"; median **{statistics.median(ratios):.2f}x**." if len(ratios) > 1 else "."),
             ]
     return "\n".join(lines) + "\n"
+
+
+def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
+    """The service issue's bars for one model, each with this run's figures and whether it holds."""
+    at = {(r.server, r.connections): r for r in loads}
+    batched = [r for r in loads if r.server.startswith("batching") and r.connections == 64]
+    lines = ["Bars (64 clients unless said):", ""]
+
+    def bar(name: str, holds: bool, figures: str) -> None:
+        lines.append(f"- {name}: {figures} {'✔' if holds else '✘'}")
+
+    if batched:
+        ratios = [r.rps / best_raw for r in batched]
+        figures = ", ".join(f"{x:.2f} ({r.server})" for x, r in zip(ratios, batched, strict=True))
+        bar("served ÷ best raw ≥ 0.80", max(ratios) >= 0.8, figures)
+    on, off = at.get(("batching", 64)), at.get(("batch-1", 64))
+    if on and off:
+        floor = 10.0 if device == "gpu" else 1.0
+        bar(f"batching ÷ batch 1 ≥ {floor:g}x", on.rps / off.rps >= floor, f"{on.rps / off.rps:.2f}x")
+    if on and on.padding_efficiency is not None:
+        bar("padding efficiency ≥ 0.85", on.padding_efficiency >= 0.85, f"{on.padding_efficiency:.2f}")
+    lone_on, lone_off = at.get(("batching", 1)), at.get(("batch-1", 1))
+    if lone_on and lone_off:
+        gap = lone_on.p50_ms - lone_off.p50_ms
+        bar(
+            "1 client: p50 within 1 ms of batch 1",
+            gap <= 1.0,
+            f"{lone_on.p50_ms:.1f} vs {lone_off.p50_ms:.1f} ms",
+        )
+    naive = at.get(("naive", 64))
+    if on and naive:
+        bar("≥ 3x the naive server", on.rps / naive.rps >= 3.0, f"{on.rps / naive.rps:.1f}x")
+    return lines
 
 
 def plot(classification: dict[str, Any], generation: list[dict], out: Path) -> None:
@@ -659,6 +692,12 @@ def run(
                     f"TTFT p50 {g['ttft_p50_ms']:.0f} ms"
                 )
                 generation.append(g)
+    write_report(out, classification, others, generation, device)
+
+
+def write_report(
+    out: Path, classification: dict[str, Any], others: list[LoadResult], generation: list[dict], device: str
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "http.md").write_text(render(classification, others, generation, device), encoding="utf-8")
     raw_json = {
@@ -666,12 +705,32 @@ def run(
     }
     (out / "http.json").write_text(
         json.dumps(
-            {"classification": raw_json, "others": [asdict(r) for r in others], "generation": generation},
+            {
+                "device": device,
+                "classification": raw_json,
+                "others": [asdict(r) for r in others],
+                "generation": generation,
+            },
             indent=2,
         )
     )
     plot(classification, generation, out / "http.png")
     console.print(f"wrote {out / 'http.md'}, {out / 'http.json'} and {out / 'http.png'}")
+
+
+@app.command("report")
+def report(
+    out: Annotated[Path, typer.Option(help="Directory holding http.json.")] = Path("docs/bench"),
+) -> None:
+    """Write http.md and http.png again from a run's http.json (the same figures, e.g. after the report's
+    format changed): nothing is measured."""
+    data = json.loads((out / "http.json").read_text(encoding="utf-8"))
+    classification = {
+        m: {"raw": s["raw"], "load": [LoadResult(**r) for r in s["load"]]}
+        for m, s in data["classification"].items()
+    }
+    others = [LoadResult(**r) for r in data["others"]]
+    write_report(out, classification, others, data["generation"], data.get("device", "cpu"))
 
 
 if __name__ == "__main__":

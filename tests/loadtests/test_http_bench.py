@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.http_bench import generation_load, generation_ratios, render
+from loadtests.http_bench import LoadResult, bars, generation_load, generation_ratios, render
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.live_server import live_server
 
@@ -46,3 +46,30 @@ def test_ratios_pair_adjacent_runs_and_the_report_gives_their_median() -> None:
     assert generation_ratios(generation, 1) == [1.0]
     report = render({}, [], generation)
     assert "at 16 streams, each pair measured back to back: 4.00x, 6.00x, 2.50x; median **4.00x**" in report
+
+
+def result(
+    server: str, connections: int, rps: float, p50_ms: float = 10.0, padding: float = 0.9
+) -> LoadResult:
+    return LoadResult(server, connections, rps, p50_ms, 2 * p50_ms, 0, 0.01, 4.0, padding)
+
+
+def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
+    loads = [
+        result("batching", 1, 100, p50_ms=3.4),
+        result("batch-1", 1, 100, p50_ms=2.0),
+        result("batching", 64, 700),
+        result("batch-1", 64, 500),
+        result("batching, 2 workers", 64, 900),
+        result("naive", 64, 100),
+    ]
+    assert bars(loads, 1000.0, "cpu")[2:] == [
+        "- served ÷ best raw ≥ 0.80: 0.70 (batching), 0.90 (batching, 2 workers) ✔",
+        "- batching ÷ batch 1 ≥ 1x: 1.40x ✔",
+        "- padding efficiency ≥ 0.85: 0.90 ✔",
+        "- 1 client: p50 within 1 ms of batch 1: 3.4 vs 2.0 ms ✘",
+        "- ≥ 3x the naive server: 7.0x ✔",
+    ]
+    assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in bars(loads, 1000.0, "gpu")
+    section = {"raw": {"b8": 1000.0}, "load": loads}
+    assert "0.70 (batching), 0.90 (batching, 2 workers) ✔" in render({"m": section}, [], [])
