@@ -68,6 +68,7 @@ class LoadResult:
     client_cpu: float  # share of the machine's cores the load generator used
     mean_batch: float | None = None
     padding_efficiency: float | None = None
+    engine_busy: float | None = None  # share of the time the engine instances were running batches
 
 
 # -- processes ------------------------------------------------------------------------------------------
@@ -184,8 +185,16 @@ def metric_totals(base: str) -> dict[str, float]:
     return totals
 
 
+def engine_instances(base: str) -> int:
+    """Engine calls the server runs at once for an encoder model: instances x worker processes."""
+    cards = httpx.get(f"{base}/v1/models", timeout=10).json()["models"]
+    encoders = [c for c in cards if c["task"] != "text-generation"]
+    return max((c["instances"] * c.get("workers", 1) for c in encoders), default=1)
+
+
 def load(name: str, base: str, path: str, bodies: list[str], connections: int, seconds: int) -> LoadResult:
     before = metric_totals(base) if name != "naive" else {}
+    instances = engine_instances(base) if name != "naive" else 1
     out = wrk(base, path, bodies, connections, seconds)
     result = LoadResult(
         server=name,
@@ -206,6 +215,8 @@ def load(name: str, base: str, path: str, bodies: list[str], connections: int, s
         result.mean_batch = delta("distilserve_batch_size_sum") / calls if calls else None
         padded = delta("distilserve_batch_padded_tokens_total")
         result.padding_efficiency = delta("distilserve_batch_real_tokens_total") / padded if padded else None
+        busy_s = delta("distilserve_inference_duration_seconds_sum")
+        result.engine_busy = busy_s / (out["duration_us"] / 1e6) / instances
     console.print(
         f"  {name:>12} c={connections:<3} {result.rps:8.1f} req/s  p50 {result.p50_ms:6.1f} ms  "
         f"p99 {result.p99_ms:7.1f} ms  errors {result.errors}"
@@ -457,15 +468,16 @@ def render(
             + f"; best {best:.0f}.",
             "",
             "| server | clients | req/s | p50 ms | p99 ms | errors | mean batch | padding eff. | "
-            "vs best raw | wrk CPU |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "vs best raw | engine busy | wrk CPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in section["load"]:
             mean = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
             eff = "-" if r.padding_efficiency is None else f"{r.padding_efficiency:.2f}"
+            busy = "-" if r.engine_busy is None else f"{r.engine_busy:.0%}"
             lines.append(
                 f"| {r.server} | {r.connections} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
-                f"{r.errors} | {mean} | {eff} | {r.rps / best:.2f} | {r.client_cpu:.0%} |"
+                f"{r.errors} | {mean} | {eff} | {r.rps / best:.2f} | {busy} | {r.client_cpu:.0%} |"
             )
         lines += ["", *bars(section["load"], best, device), ""]
     lines += [

@@ -71,5 +71,9 @@ def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
         "- ≥ 3x the naive server: 7.0x ✔",
     ]
     assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in bars(loads, 1000.0, "gpu")
+    loads[2].engine_busy = 0.5
     section = {"raw": {"b8": 1000.0}, "load": loads}
-    assert "0.70 (batching), 0.90 (batching, 2 workers) ✔" in render({"m": section}, [], [])
+    report = render({"m": section}, [], [])
+    assert "0.70 (batching), 0.90 (batching, 2 workers) ✔" in report
+    assert "| batching | 64 | 700 | 10.0 | 20.0 | 0 | 4.0 | 0.90 | 0.70 | 50% | 1% |" in report
+    assert "| naive | 64 | 100 | 10.0 | 20.0 | 0 | 4.0 | 0.90 | 0.10 | - | 1% |" in report
