@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from service.api.deps import UnsupportedMediaTypeError
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
@@ -56,6 +57,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     ShuttingDownError: (503, "unavailable"),
     DeadlineExceededError: (504, "timeout"),
     EngineError: (500, "backend"),
+    ClientDisconnect: (499, "client_closed"),  # nginx's code; nobody reads it, the log and metrics do
 }
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -16,7 +15,8 @@ from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, CompletionRequest, GenerateRequest, GenerateResponse, SamplingFields
 from service.api.task_route import TaskRoute
 from service.generation.sampling import SamplingParams
-from service.processors.generation import Prepared, complete, prepare, start_stream
+from service.generation.sequence import Sequence, TokenEvent
+from service.processors.generation import complete, prepare, start_stream
 
 router = APIRouter(tags=["generation"], route_class=TaskRoute)
 T = TypeVar("T")
@@ -34,16 +34,6 @@ def sampling(fields: SamplingFields, max_new_tokens: int) -> SamplingParams:
         stop=fields.stop,
         ignore_eos=fields.ignore_eos,
     )
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client goes away (its sequence then leaves the batch)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if not done and await request.is_disconnected():
-            task.cancel()
-    return task.result()
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -71,17 +61,16 @@ async def generate(
         model, body.prompt, sampling(body, body.max_new_tokens), body.truncate_prompt, c.metrics
     )
     if not body.stream:
-        result = await unless_disconnected(request, complete(prepared))
+        result = await complete(prepared)
         return GenerateResponse(
             generated_text=result["generated_text"],
             tokens=result["tokens"],
             finish_reason=result["finish_reason"],
         )
-    return event_stream(_generate_events(prepared))
+    return event_stream(_generate_events(*start_stream(prepared)))  # queued now: a 429 is still a 429
 
 
-async def _generate_events(prepared: Prepared) -> AsyncIterator[bytes]:
-    seq, groups = start_stream(prepared)
+async def _generate_events(seq: Sequence, groups: AsyncIterator[list[TokenEvent]]) -> AsyncIterator[bytes]:
     text = []
     try:
         async for group in groups:
@@ -108,8 +97,9 @@ async def completions(
     created = int(time.time())
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return event_stream(_completion_chunks(prepared, completion_id, created, model.name, usage))
-    result = await unless_disconnected(request, complete(prepared))
+        seq, groups = start_stream(prepared)  # queued now: a 429 is still a 429
+        return event_stream(_completion_chunks(seq, groups, completion_id, created, model.name, usage))
+    result = await complete(prepared)
     return {
         "id": completion_id,
         "object": "text_completion",
@@ -136,10 +126,13 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 async def _completion_chunks(
-    prepared: Prepared, completion_id: str, created: int, model: str, include_usage: bool
+    seq: Sequence,
+    groups: AsyncIterator[list[TokenEvent]],
+    completion_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
 ) -> AsyncIterator[bytes]:
-    seq, groups = start_stream(prepared)
-
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {

@@ -7,7 +7,8 @@ task endpoint takes the same three things, `(body, request, c)`: its JSON body a
 request, and the collaborators. This class hands them over directly: pydantic parses and validates the
 raw bytes in one pass, and the response model's own serializer writes the answer. The signature is still
 FastAPI's to read, so /docs and the OpenAPI schema are unchanged, and so are the errors (a bad body is the
-same RequestValidationError, answered by the same handler).
+same RequestValidationError, answered by the same handler). Once the body is read, a client that goes
+away cancels the endpoint's work (service.api.disconnect).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.api.deps import json_collaborators
+from service.api.disconnect import cancel_on_disconnect
 
 TASK_PARAMETERS = ["body", "request", "c"]
 
@@ -51,7 +53,8 @@ class TaskRoute(APIRoute):
 
         async def handle(request: Request) -> Response:
             c = await json_collaborators(request)  # 415 before the body is read
-            result = await endpoint(body=parse_body(body, await request.body()), request=request, c=c)
+            parsed = parse_body(body, await request.body())
+            result = await cancel_on_disconnect(request.receive, endpoint(body=parsed, request=request, c=c))
             if isinstance(result, Response):  # a stream
                 return result
             return Response(answer.dump_json(result), status_code=status, media_type="application/json")

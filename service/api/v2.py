@@ -34,8 +34,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from service.api.deps import Collaborators, collaborators, label_request
+from service.api.disconnect import cancel_on_disconnect
 from service.api.errors import response_for
-from service.api.generate import sampling, unless_disconnected
+from service.api.generate import sampling
 from service.api.schemas import ClassifyRequest, FillMaskRequest, GenerateRequest, QARequest
 from service.api.v2_schemas import (
     BINARY_HEADER,
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
 M = TypeVar("M", bound=BaseModel)
+_MAX_VERSION_DIGITS = 18  # any real version fits an int64; longer ones could exceed int()'s digit limit
 
 
 class ServerNotReadyError(RuntimeError):
@@ -328,9 +330,14 @@ async def served(request: Request) -> Collaborators:
 def _find(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
     if version is None:
         return registry.get(name)
-    if not version.isdigit():
+    if not _is_version_number(version):
         raise ModelNotFoundError(f"model {name!r} has no version {version!r}")
     return registry.get(name, int(version))
+
+
+def _is_version_number(version: str) -> bool:
+    """ASCII digits only ("²" and Arabic-Indic digits pass str.isdigit), few enough for int() to take."""
+    return version.isascii() and version.isdigit() and len(version) <= _MAX_VERSION_DIGITS
 
 
 def _versions(registry: ModelRegistry, name: str) -> list[int]:
@@ -373,7 +380,9 @@ async def infer(request: Request, c: Collaborators, name: str, version: str | No
         raise TensorError(f"input {task.inputs[0]}: the batch is empty")
     c.check_batch(batch)
     timeout_s = deadline_s(parsed.parameters, c.settings.request_timeout_s)
-    tensors = await unless_disconnected(request, task.run(Job(model, texts, parsed.parameters, c, timeout_s)))
+    tensors = await cancel_on_disconnect(
+        request.receive, task.run(Job(model, texts, parsed.parameters, c, timeout_s))
+    )
     head: dict[str, Any] = {"model_name": model.name, "model_version": str(model.manifest.version)}
     if parsed.id is not None:
         head["id"] = parsed.id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Iterator
@@ -87,3 +88,49 @@ def test_openai_errors_are_clear(server: LiveServer) -> None:
         client.completions.create(model="no-such-model", prompt="hi", max_tokens=4)
     with pytest.raises(UnprocessableEntityError):
         client.completions.create(model=LM, prompt="hi", max_tokens=4, n=2)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/generate", {"prompt": "Acme was", "max_new_tokens": 200, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": "Acme was", "max_tokens": 200, "ignore_eos": True}),
+    ],
+)
+def test_a_stream_that_finds_the_queue_full_gets_a_429_not_a_cut_stream(
+    tiny_repository: Path, tmp_path: Path, path: str, body: dict[str, object]
+) -> None:
+    """One sequence decodes, one waits: of six streams at once, the rest are refused before any byte."""
+    repository = tmp_path / "repo"
+    shutil.copytree(tiny_repository, repository)
+    env = {
+        "DISTILSERVE_GEN_MAX_BATCH": "1",
+        "DISTILSERVE_GEN_MAX_WAITING": "1",
+        "DISTILSERVE_WARMUP": "false",
+    }
+
+    async def six_streams(base: str) -> list[tuple[int, str, dict[str, str]]]:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+
+            async def one() -> tuple[int, str, dict[str, str]]:
+                request = {**body, "model": "long-lm", "stream": True}
+                async with client.stream("POST", path, json=request) as response:
+                    return response.status_code, (await response.aread()).decode(), dict(response.headers)
+
+            return await asyncio.gather(*(one() for _ in range(6)))
+
+    from export.pipeline import export_model
+    from tests.tiny_models import build_tiny
+
+    long_lm = build_tiny("text-generation", tmp_path / "long-lm", positions=1024)
+    assert export_model(long_lm, "text-generation", "long-lm", repository, ("fp32",)).version_dir is not None
+    with live_server(repository, env) as server:
+        outcomes = asyncio.run(six_streams(server.base_url))
+    statuses = sorted(status for status, _, _ in outcomes)
+    assert statuses.count(200) >= 1 and statuses.count(429) >= 1 and set(statuses) == {200, 429}
+    for status, text, headers in outcomes:
+        if status == 429:
+            assert json.loads(text)["error_type"] == "overloaded" and int(headers["retry-after"]) >= 1
+        else:
+            assert text.rstrip().endswith("data: [DONE]" if path == "/v1/completions" else "}")
+            assert '"error"' not in text and '"finish_reason":"length"' in text
