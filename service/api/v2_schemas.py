@@ -110,11 +110,21 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:size], body[size:]
 
 
-def parse_request(header: bytes) -> InferenceRequest:
+def _json(header: bytes) -> Any:
+    """The header as JSON; json.loads's other failures (too deep, a number too long) are the client's too."""
     try:
-        raw = json.loads(header)
+        return json.loads(header)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TensorError(f"malformed JSON in the inference request ({e})") from None
+    except RecursionError:
+        raise TensorError("the inference request's JSON nests too deeply to parse") from None
+    except ValueError as e:
+        reason = str(e).partition(";")[0]  # drop Python's advice to the server (sys.set_int_max_str_digits)
+        raise TensorError(f"the inference request's JSON cannot be parsed ({reason})") from None
+
+
+def parse_request(header: bytes) -> InferenceRequest:
+    raw = _json(header)
     if not isinstance(raw, dict):
         raise TensorError("the inference request must be a JSON object")
     try:
@@ -224,11 +234,30 @@ def _split_bytes_elements(raw: bytes, name: str) -> list[bytes]:
 
 
 def _flatten(data: list[Any]) -> list[Any]:
-    """JSON tensor data may be flat or nested row-major lists; both mean the same elements."""
+    """JSON tensor data may be flat or nested row-major lists; both mean the same elements.
+
+    Without recursion: json.loads may accept nesting deeper than Python's recursion limit (3.13 does).
+    """
     flat: list[Any] = []
-    for item in data:
-        flat.extend(_flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
     return flat
+
+
+def _is_unicode(text: str) -> bool:
+    """False for a lone surrogate, which JSON can escape ("\\ud800") but no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _texts(tensor: RequestInput, raw: bytes | None) -> list[str]:
@@ -247,6 +276,8 @@ def _texts(tensor: RequestInput, raw: bytes | None) -> list[str]:
                 raise TensorError(f"input {tensor.name}[{i}] is not valid UTF-8") from None
         if not isinstance(element, str):
             raise TensorError(f"input {tensor.name}[{i}] is {type(element).__name__}, expected a string")
+        if not _is_unicode(element):
+            raise TensorError(f"input {tensor.name}[{i}] is not valid Unicode (it holds a lone surrogate)")
         texts.append(element)
     return texts
 

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from tritonclient.utils import InferenceServerException
 
 from service.api.v2 import v2_error
+from service.api.v2_schemas import InferenceRequest, RequestInput, read_text_inputs
 from service.app import create_app
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.processors.common import InvalidInputError
@@ -348,6 +349,67 @@ def test_malformed_bodies_are_400(
     response = httpx.post(f"{base_url}/v2/models/{CLS}/infer", content=content, headers=headers)
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]
+
+
+def _text_tensor(data: bytes) -> bytes:
+    return b'{"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ' + data + b"}]}"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"inputs":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests too deeply"),
+        (_text_tensor(b"[" * 100_000 + b'"x"' + b"]" * 100_000), "nests too deeply"),
+        (_text_tensor(b"[" + b"9" * 5000 + b"]"), "4300 digits"),
+    ],
+    ids=["deep inputs", "deep data", "huge integer"],
+)
+def test_unparseable_json_is_400_not_500(base_url: str, content: bytes, message: str) -> None:
+    """Bodies json.loads cannot take (too deep, too long a number) are the client's error, not a crash."""
+    response = httpx.post(f"{base_url}/v2/models/{CLS}/infer", content=content)
+    assert response.status_code == 400, response.text
+    assert "inference request" in response.json()["error"] and message in response.json()["error"]
+
+
+def test_deeply_nested_data_is_read_without_recursion() -> None:
+    """Python 3.13's json.loads parses nesting deeper than the recursion limit; such data must still read."""
+    data: list[Any] = ["x"]
+    for _ in range(10_000):
+        data = [data]
+    request = InferenceRequest(inputs=[RequestInput(name="TEXT", shape=[1], datatype="BYTES", data=data)])
+    assert read_text_inputs(request, b"", ["TEXT"]) == {"TEXT": ["x"]}
+
+
+@pytest.mark.parametrize("model", [CLS, MLM])
+def test_lone_surrogate_text_is_400(base_url: str, model: str) -> None:
+    """JSON can escape half a surrogate pair; that is no text a tokenizer can take, so name the element."""
+    content = _text_tensor(b'["ok [MASK]", "\\ud800"]').replace(b'"shape": [1]', b'"shape": [2]')
+    response = httpx.post(f"{base_url}/v2/models/{model}/infer", content=content)
+    assert response.status_code == 400, response.text
+    assert "input TEXT[1] is not valid Unicode" in response.json()["error"]
+
+
+def test_invalid_utf8_binary_text_is_400(base_url: str) -> None:
+    """The binary route to the same crash: a surrogate encoded as bytes is not UTF-8, so it is refused."""
+    raw = struct.pack("<I", 3) + "\ud800".encode("utf-8", "surrogatepass")
+    tensor = {"name": "TEXT", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+    header = json.dumps({"inputs": [tensor]}).encode()
+    response = httpx.post(
+        f"{base_url}/v2/models/{CLS}/infer",
+        content=header + raw,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert response.status_code == 400, response.text
+    assert "input TEXT[0] is not valid UTF-8" in response.json()["error"]
+
+
+@pytest.mark.parametrize("version", ["\u00b2", "\u0661", "abc", "9" * 5000])
+def test_versions_are_ascii_digits_only(base_url: str, version: str) -> None:
+    """Superscript and Arabic-Indic digits pass str.isdigit but are no version: not found, as "abc"."""
+    for path in (f"/v2/models/{CLS}/versions/{version}", f"/v2/models/{CLS}/versions/{version}/ready"):
+        response = httpx.get(f"{base_url}{path}")
+        assert response.status_code == 404, response.text
+        assert f"has no version {version!r}" in response.json()["error"]
 
 
 def test_domain_errors_map_to_v2_status_codes() -> None:
