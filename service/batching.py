@@ -152,6 +152,7 @@ class MicroBatcher(Generic[T, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[asyncio.Future[None]] = []
         self._last_run_s = 0.0
+        self._last_batch_size = 1
 
     # -- public (event loop) ---------------------------------------------------------------------------------
 
@@ -177,6 +178,14 @@ class MicroBatcher(Generic[T, R]):
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    def check_room(self, count: int) -> None:
+        """Refuse `count` items together unless the queue can hold them all (a request's windows or texts:
+        queueing some of them and refusing the rest computes for nobody)."""
+        if count > self.policy.max_queue:
+            raise ValueError(f"{count} sequences at once; the queue holds at most {self.policy.max_queue}")
+        if len(self._queue) + count > self.policy.max_queue:
+            raise QueueFullError(self._retry_after_s())
 
     async def submit(self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None) -> R:
         if self._closing:
@@ -248,7 +257,7 @@ class MicroBatcher(Generic[T, R]):
                     raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
             except Exception as e:  # a failing batch fails only its own requests
                 failure = e
-            self._last_run_s = time.monotonic() - started
+            self._last_run_s, self._last_batch_size = time.monotonic() - started, len(batch)
             # Work that queued while the engine ran means load: only then may max_wait apply.
             under_load = bool(self._queue)
             self._post(self._resolve, batch, results, failure, started, self._last_run_s)
@@ -353,6 +362,7 @@ class MicroBatcher(Generic[T, R]):
             self._on_queue_depth(len(self._queue))
 
     def _retry_after_s(self) -> float:
-        """Roughly how long the queue takes to drain at the last observed batch speed."""
-        batches = len(self._queue) / (self.policy.max_batch_size * self.concurrency)
+        """Roughly how long the queue takes to drain at the last batch's size and speed (batches of long
+        sequences hold fewer than max_batch_size: the token cap and length grouping cut them)."""
+        batches = len(self._queue) / (self._last_batch_size * self.concurrency)
         return max(1.0, batches * self._last_run_s)

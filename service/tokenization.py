@@ -72,7 +72,9 @@ class TextEncoder:
         else:
             self._tokenizer.no_truncation()
         self.pad_token_id = spec.pad_token_id
-        self._windowed: dict[int, Tokenizer] = {}
+        self._whole: Tokenizer | None = None  # copies with other truncation, made when first needed
+        self._windows: Tokenizer | None = None
+        self._windows_stride = -1
 
     def encode(self, texts: Sequence[str]) -> list[EncodedText]:
         if len(texts) == 1:  # encode_batch hands even one text to its thread pool: a wake-up per request
@@ -86,32 +88,33 @@ class TextEncoder:
 
     def encode_untruncated(self, text: str) -> EncodedText:
         """Every token of the text (a prompt may be cut from the left, which truncation cannot do)."""
-        tokenizer = self._windowed.get(-1)
-        if tokenizer is None:
-            tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
-            tokenizer.no_padding()
-            tokenizer.no_truncation()
-            self._windowed[-1] = tokenizer
-        return self._convert(tokenizer.encode(text))
+        return self._convert(self._untruncated().encode(text))
+
+    def context_room(self, question: str) -> int:
+        """Tokens left for the context beside this question and the special tokens (may be <= 0)."""
+        question_tokens = len(self._untruncated().encode(question, add_special_tokens=False).ids)
+        post_processor = self._tokenizer.post_processor
+        special = post_processor.num_special_tokens_to_add(True) if post_processor else 0
+        return self.max_length - question_tokens - special
 
     def encode_windows(self, question: str, context: str, stride: int) -> list[EncodedText]:
-        """Question + context, the context split into overlapping windows of `max_length` tokens."""
-        tokenizer = self._windowed.get(stride)
-        if tokenizer is None:
-            tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(self.max_length, stride=stride, strategy="only_second")
-            self._windowed[stride] = tokenizer
-        question_tokens = len(tokenizer.encode(question, add_special_tokens=False).ids)
-        special = tokenizer.post_processor.num_special_tokens_to_add(True) if tokenizer.post_processor else 0
-        room = self.max_length - question_tokens - special
-        if room <= stride:  # tokenizers would panic (a BaseException) rather than raise
-            raise ValueError(
-                f"the question takes {question_tokens} of the model's {self.max_length} tokens, leaving "
-                f"{max(room, 0)} for the context; it needs more than the window overlap of {stride}"
-            )
-        first = tokenizer.encode(question, context)
+        """Question + context, the context split into windows of `max_length` tokens, each overlapping the
+        last by `stride` tokens; `stride` must be below `context_room(question)` (tokenizers would panic)."""
+        if self._windows is None:
+            self._windows = Tokenizer.from_str(self._tokenizer.to_str())
+            self._windows.no_padding()
+        if self._windows_stride != stride:  # one copy, re-set when the stride changes (the loop's only)
+            self._windows.enable_truncation(self.max_length, stride=stride, strategy="only_second")
+            self._windows_stride = stride
+        first = self._windows.encode(question, context)
         return [self._convert(e) for e in (first, *first.overflowing)]
+
+    def _untruncated(self) -> Tokenizer:
+        if self._whole is None:
+            self._whole = Tokenizer.from_str(self._tokenizer.to_str())
+            self._whole.no_padding()
+            self._whole.no_truncation()
+        return self._whole
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)

@@ -69,4 +69,16 @@ async def run_all(model: ServedModel, items: Sequence[Any], timeout_s: float) ->
     """Submit every item to the model's batcher; they may land in the same or in different batches."""
     if len(items) == 1:  # the common case: no task per item
         return [await submit(model, items[0], timeout_s)]
-    return list(await asyncio.gather(*(submit(model, item, timeout_s) for item in items)))
+    assert model.batcher is not None
+    try:
+        model.batcher.check_room(len(items))
+    except ValueError as e:
+        raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
+    tasks = [asyncio.ensure_future(submit(model, item, timeout_s)) for item in items]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # one failed (429, 504) or the request was cancelled: the rest leave the queue
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # gone before the error is answered
+        raise

@@ -20,9 +20,21 @@ class Answer(TypedDict):
     end: int
 
 
-def doc_stride(max_length: int, requested: int | None) -> int:
-    """Overlap between windows, in tokens; a third of the window unless asked (384 -> 128, as in SQuAD)."""
-    return max(1, max_length // 3) if requested is None else requested
+def doc_stride(max_length: int, room: int, requested: int | None) -> int:
+    """Overlap between windows, in tokens: a third of the window unless asked (384 -> 128, as in SQuAD).
+
+    At most half the room the question leaves for the context, so each window moves on by at least as
+    much as it repeats: an overlap of nearly the whole room would split a context into a window per token
+    or two (hundreds of engine calls for a few kilobytes of text)."""
+    most = room // 2
+    if requested is None:
+        return min(max_length // 3, most)
+    if requested > most:
+        raise InvalidInputError(
+            f"doc_stride: {requested} tokens of overlap; beside this question the windows hold {room} "
+            f"tokens of context, so at most {most} (half of them)"
+        )
+    return requested
 
 
 def _context_offsets(window: EncodedText) -> list[tuple[int, int] | None]:
@@ -50,14 +62,15 @@ async def answer(
 ) -> list[Answer]:
     check_chars([question], "question")
     check_chars([context], "context")  # no window limit: a long context is split into windows
-    stride = doc_stride(model.encoder.max_length, stride)
     with tokenizing(metrics, model):
-        try:
-            windows = model.encoder.encode_windows(question, context, stride)
-        except Exception as e:  # tokenizers: the question leaves no room for the context
+        room = model.encoder.context_room(question)
+        window = model.encoder.max_length
+        if room < window // 4:  # else a long context splits into a window per few tokens
             raise InvalidInputError(
-                f"question too long for the model's {model.encoder.max_length} tokens ({e})"
-            ) from e
+                f"the question is too long: beside it the model's window of {window} tokens keeps "
+                f"{max(room, 0)} for the context, and the context needs at least {window // 4} (a quarter)"
+            )
+        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, stride))
     outputs = await run_all(model, windows, timeout_s)
     width = max(len(w) for w in windows)
     start = _stack([o["start_logits"] for o in outputs], width)

@@ -73,6 +73,32 @@ def test_qa_span_matches_pytorch_across_windows(client: TestClient, tiny_models:
     assert (body["start"], body["end"]) == expected
 
 
+def test_qa_windows_step_on_by_at_least_half_their_room(client: TestClient, tiny_repository: Path) -> None:
+    """The default overlap shrinks beside a long question; a long context still needs few windows."""
+    from tokenizers import Tokenizer
+
+    question = "who " * 40  # 40 tokens + 3 special of the tiny model's 64 leave 21 for the context
+    context = "Acme was founded in 1950 by John Smith. " * 30
+    model = TASK_MODEL_NAMES["question-answering"]
+    tokenizer = Tokenizer.from_file(str(next((tiny_repository / model).glob("*/tokenizer.json"))))
+    context_tokens = len(tokenizer.encode(context, add_special_tokens=False).ids)
+    before = client.get("/metrics").text
+    r = client.post("/v1/qa", json={"question": question, "context": context})
+    assert r.status_code == 200, r.text
+    assert context[r.json()["start"] : r.json()["end"]] == r.json()["answer"]
+    windows = sequences_run(client.get("/metrics").text) - sequences_run(before)
+    assert 1 < windows <= -(-(context_tokens - 21) // (21 - 21 // 2)) + 1  # steps of at least 11 tokens
+
+
+def sequences_run(metrics: str) -> float:
+    """Sequences the QA model has computed (its batch sizes' sum)."""
+    model = TASK_MODEL_NAMES["question-answering"]
+    line = next(
+        x for x in metrics.splitlines() if x.startswith(f'distilserve_batch_size_sum{{model="{model}"')
+    )
+    return float(line.split()[-1])
+
+
 def test_qa_top_k_and_batches(client: TestClient) -> None:
     pairs = [
         {"question": "Where is Springfield?", "context": CONTEXT},
@@ -150,8 +176,9 @@ def test_generate_is_greedy_pytorch(client: TestClient, tiny_models: dict[str, P
         ("/v1/qa", {}, 422, "give question and context"),
         ("/v1/qa", {"question": "", "context": "x"}, 422, "question"),
         ("/v1/qa", {"question": "Who?", "context": "x", "top_k": 0}, 422, "top_k"),
-        ("/v1/qa", {"question": "Who? " * 200, "context": "x"}, 422, "question too long"),
-        ("/v1/qa", {"question": "who " * 40, "context": "Acme was founded in 1950. " * 9}, 422, "leaving"),
+        ("/v1/qa", {"question": "Who? " * 200, "context": "x"}, 422, "the question is too long"),
+        ("/v1/qa", {"question": "who " * 50, "context": "x"}, 422, "keeps 11 for the context"),
+        ("/v1/qa", {"question": "Who?", "context": "x", "doc_stride": 40}, 422, "doc_stride: 40 tokens"),
         ("/v1/generate", {"prompt": ""}, 422, "prompt"),
         ("/v1/generate", {"prompt": "word " * 300}, 422, "window is 64 tokens"),
         ("/v1/generate", {"prompt": "hi", "max_new_tokens": 0}, 422, "max_new_tokens"),
