@@ -15,6 +15,10 @@ class WrongTaskError(ValueError):
     """The named model exists but serves another task (HTTP 422)."""
 
 
+class AmbiguousModelError(ValueError):
+    """A version was pinned without naming the model, and several serve the task (HTTP 422)."""
+
+
 class ModelRegistry:
     """Name -> versions; without a pinned version the highest one answers."""
 
@@ -41,14 +45,21 @@ class ModelRegistry:
         return versions[version]
 
     def resolve(self, task: str, name: str | None = None, version: int | None = None) -> ServedModel:
-        """The pinned model, else the first model (by name) serving `task`."""
+        """The pinned model, else the first model (by name) serving `task`.
+
+        A version without a name pins the task's only model; with several, which one it meant is a guess,
+        so the client is asked to name it."""
         if name is not None:
             model = self.get(name, version)
             if model.manifest.task != task:
                 raise WrongTaskError(f"model {name!r} serves {model.manifest.task}, not {task}")
             return model
-        for candidate in self.names():
-            model = self.get(candidate)
-            if model.manifest.task == task:
-                return self.get(candidate, version)
-        raise ModelNotFoundError(f"no model serving {task} is loaded")
+        serving = [n for n in self.names() if self.get(n).manifest.task == task]
+        if not serving:
+            raise ModelNotFoundError(f"no model serving {task} is loaded")
+        if version is not None and len(serving) > 1:
+            raise AmbiguousModelError(
+                f"version {version} of which model? {len(serving)} serve {task} ({', '.join(serving)}): "
+                "name one with 'model'"
+            )
+        return self.get(serving[0], version)

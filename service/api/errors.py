@@ -14,7 +14,7 @@ from service.api.deps import UnsupportedMediaTypeError
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.engine import EngineError
 from service.processors.common import InvalidInputError
-from service.registry import ModelNotFoundError, WrongTaskError
+from service.registry import AmbiguousModelError, ModelNotFoundError, WrongTaskError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class ShuttingDownError(Exception):
 STATUS: dict[type[Exception], tuple[int, str]] = {
     InvalidInputError: (422, "validation"),
     WrongTaskError: (422, "validation"),
+    AmbiguousModelError: (422, "validation"),
     ModelNotFoundError: (404, "not_found"),
     UnsupportedMediaTypeError: (415, "unsupported_media_type"),
     PayloadTooLargeError: (413, "too_large"),
