@@ -107,13 +107,14 @@ class FillMaskCandidate(BaseModel):
 
 
 def _stops(value: Any) -> tuple[str, ...]:
+    """The error formatter already names the field: the messages must not repeat "stop:"."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
-        raise ValueError("stop: a non-empty string or a list of them")
+        raise ValueError("expected a non-empty string or a list of non-empty strings")
     if len(stops) > 8:
-        raise ValueError("stop: at most 8 stop sequences")
+        raise ValueError("at most 8 stop sequences")
     return tuple(stops)
 
 
@@ -123,13 +124,15 @@ Stops = Annotated[tuple[str, ...], BeforeValidator(_stops)]
 class SamplingFields(BaseModel):
     """Decoding knobs shared by /v1/generate and /v1/completions."""
 
-    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0: greedy.")
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 (or below 1e-5): greedy.")
     top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely tokens; 0: all.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (HF).")
     seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
     stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
-    truncate_prompt: bool = Field(False, description="Keep the prompt's end when it exceeds the window.")
+    truncate_prompt: bool = Field(
+        False, description="Keep the prompt's end when it exceeds the window (or the server's cache budget)."
+    )
     ignore_eos: bool = Field(
         False,
         description="Go on past the end-of-sequence token up to the token limit (as vLLM's, for benchmarks).",
@@ -142,13 +145,38 @@ class GenerateRequest(_Request, SamplingFields):
     stream: bool = Field(False, description="Server-Sent Events: one event per token, then a final one.")
 
 
-class CompletionRequest(SamplingFields):
-    """OpenAI's /v1/completions request (the fields this server implements; others are ignored)."""
+def _completion_prompt(value: Any) -> str | list[str]:
+    """One clear message per wrong shape before the union is tried (its per-branch errors are noise);
+    OpenAI also takes token ids, which this server does not."""
+    if isinstance(value, list):
+        if any(isinstance(x, list) or (isinstance(x, int) and not isinstance(x, bool)) for x in value):
+            raise ValueError("token-id prompts are not supported; send the prompt as text")
+        if len(value) != 1:
+            raise ValueError("give one string (batches of prompts are not supported)")
+        text = value[0]
+    else:
+        text = value
+    if not isinstance(text, str):
+        raise ValueError(f"expected a string (or a list holding one string), got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("the text is empty")
+    return value
 
-    model_config = ConfigDict(extra="ignore")
+
+CompletionPrompt = Annotated[str | list[str], BeforeValidator(_completion_prompt)]
+
+
+class CompletionRequest(SamplingFields):
+    """OpenAI's /v1/completions request (the fields this server implements; others are ignored).
+
+    Strict as OpenAI's API is: booleans must be JSON booleans, numbers JSON numbers ("0.5" or true as a
+    temperature or a seed is an error, not a value).
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
-    prompt: str | list[str] = Field(..., description="A string (or a list holding one string).")
+    prompt: CompletionPrompt = Field(..., description="A string (or a list holding one string).")
     max_tokens: int = Field(16, ge=1, le=4096)
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
@@ -157,11 +185,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = Field(False, description="Not supported: must be false.")
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt: give one string (batches of prompts are not supported)")
-        if not self.text.strip():
-            raise ValueError("prompt: empty")
+    def _no_echo(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo is not supported")
         return self

@@ -67,6 +67,11 @@ class GenerationEngine:
 
     # -- public (event loop) ----------------------------------------------------------------------------
 
+    @property
+    def max_cached_tokens(self) -> int:
+        """What one request's prompt + max_new_tokens must fit in: admission refuses more (a ValueError)."""
+        return self.scheduler.config.max_cached_tokens
+
     def start(self) -> None:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()

@@ -11,11 +11,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# Below this temperature sampling is greedy (as in vLLM's sampler): a token would need a logit within ~1e-4
+# of the best one to keep any weight, at the edge of what float32 logits resolve; and 1/temperature stays
+# <= 1e5, so scaled scores stay finite in float32 (see PENALIZED_LIMIT).
+GREEDY_BELOW = 1e-5
+# Penalised scores are clipped to +-this: 1e30 / 1e-5 is still far inside float32's range (3.4e38), so no
+# allowed penalty (down to the smallest positive double) and temperature can make inf or NaN.
+PENALIZED_LIMIT = 1e30
+# Smaller penalties give the same float32 scores (beyond the limit, or 0), but would overflow float64 first.
+_SMALLEST_PENALTY = 1e-200
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 32
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0 (or below GREEDY_BELOW): greedy
     top_k: int = 0  # 0: no cut
     top_p: float = 1.0
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or the output
@@ -25,17 +35,24 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
-    """CTRL's penalty as in HF: positive logits of seen tokens divided by it, negative ones multiplied."""
+    """CTRL's penalty as in HF: positive logits of seen tokens divided by it, negative ones multiplied.
+
+    Only the seen tokens' scores change, so they are computed in float64 and clipped to +-PENALIZED_LIMIT:
+    a tiny penalty would otherwise divide them to inf (and the softmax to NaN). Seen tokens pushed past the
+    limit tie there, which keeps the penalty's meaning: they outrank every other token.
+    """
     if penalty == 1.0 or not seen:
         return logits
     out = logits.copy()
     ids = np.unique(np.asarray(seen, dtype=np.int64))
-    values = out[ids]
-    out[ids] = np.where(values > 0, values / penalty, values * penalty)
+    values = out[ids].astype(np.float64)
+    penalty = max(penalty, _SMALLEST_PENALTY)
+    penalized = np.where(values > 0, values / penalty, values * penalty)
+    out[ids] = np.clip(penalized, -PENALIZED_LIMIT, PENALIZED_LIMIT)
     return out
 
 
@@ -55,10 +72,10 @@ def next_token(
     scores = apply_repetition_penalty(logits.astype(np.float32), seen, params.repetition_penalty)
     if params.greedy or rng is None:
         return int(np.argmax(scores))
-    scores = scores / np.float32(params.temperature)
+    scores = scaled(scores, params.temperature)
     vocab = scores.shape[-1]
     k = params.top_k if 0 < params.top_k < vocab else vocab
-    weights = np.exp(scores - scores.max())  # unnormalised probabilities
+    weights = np.exp(scores)  # unnormalised probabilities, the best one 1
     if params.top_p >= 1.0:
         best = _best(scores, k) if k < vocab else np.arange(vocab)
         kept = weights[best]
@@ -75,6 +92,16 @@ def next_token(
         kept = kept[: int(np.searchsorted(mass - kept, params.top_p, side="left"))]  # the best always stays
     cdf = np.cumsum(kept, dtype=np.float64)
     return int(best[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(kept) - 1)])
+
+
+def scaled(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """Log-probabilities up to a constant: the best score shifted to 0, then divided by the temperature.
+
+    Shifting first keeps every value <= 0, so exp never overflows and the best token's weight is 1 (the
+    total is never 0); with scores within +-PENALIZED_LIMIT and temperature >= GREEDY_BELOW the division
+    stays finite too.
+    """
+    return (scores - scores.max()) / np.float32(temperature)
 
 
 def _best(scores: np.ndarray, n: int) -> np.ndarray:

@@ -31,7 +31,8 @@ class Prepared:
 def prepare(
     model: ServedModel, prompt: str, params: SamplingParams, truncate_prompt: bool, metrics: Metrics
 ) -> Prepared:
-    """Tokenize; keep the prompt inside the window (422, or its last tokens when asked); cap the output."""
+    """Tokenize; keep the prompt inside the window and the engine's cache budget (422, or its last tokens
+    when asked); cap the output to the room both leave, so the engine's admission never refuses it."""
     if model.generator is None:
         raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
     check_chars([prompt], "prompt")
@@ -39,18 +40,32 @@ def prepare(
         ids = [int(t) for t in model.encoder.encode_untruncated(prompt).input_ids]
     if not ids:
         raise InvalidInputError("the prompt encodes to no tokens")
-    window = model.manifest.max_sequence_length
-    if len(ids) >= window:
-        if not truncate_prompt:
-            raise InvalidInputError(
-                f"the prompt is {len(ids)} tokens; the model's window is {window} tokens "
-                "(shorten it, or set truncate_prompt to keep its end)"
-            )
-        ids = ids[-(window - 1) :]
-    room = window - len(ids)
+    window, budget = model.manifest.max_sequence_length, model.generator.max_cached_tokens
+    ids = _fit_prompt(ids, window, budget, truncate_prompt)
+    room = min(window, budget) - len(ids)
     if params.max_new_tokens > room:
         params = SamplingParams(**{**params.__dict__, "max_new_tokens": room})
     return Prepared(model.generator, ids, params)
+
+
+def _fit_prompt(ids: list[int], window: int, budget: int, truncate: bool) -> list[int]:
+    """The prompt, or its end, leaving room for at least one new token in the window and in the budget
+    (the cached positions one request may reserve: prompt + max_new_tokens)."""
+    limit = min(window, budget)
+    if len(ids) < limit:
+        return ids
+    if truncate and limit > 1:
+        return ids[-(limit - 1) :]
+    if len(ids) >= window:
+        raise InvalidInputError(
+            f"the prompt is {len(ids)} tokens; the model's window is {window} tokens "
+            "(shorten it, or set truncate_prompt to keep its end)"
+        )
+    raise InvalidInputError(
+        f"the prompt is {len(ids)} tokens; this server caches at most {budget} tokens for a request, prompt "
+        "and new tokens together (DISTILSERVE_GEN_MAX_CACHED_TOKENS raises it; or shorten the prompt, or "
+        "set truncate_prompt to keep its end)"
+    )
 
 
 async def complete(prepared: Prepared) -> Completion:

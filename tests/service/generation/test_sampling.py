@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
+from collections.abc import Iterator
 
-from service.generation.sampling import SamplingParams, apply_repetition_penalty, next_token
+import numpy as np
+import pytest
+
+from service.generation.sampling import (
+    GREEDY_BELOW,
+    SamplingParams,
+    apply_repetition_penalty,
+    next_token,
+    scaled,
+)
 
 LOGITS = np.array([1.0, 3.0, 2.0, -1.0, 0.5])
 
@@ -73,3 +83,51 @@ def test_a_nucleus_wider_than_the_first_candidates_is_still_whole() -> None:
     assert len(want) > 256  # more than the sampler looks at before sorting everything
     got = drawn(logits, SamplingParams(temperature=1.0, top_p=0.95), 4_000)
     assert set(got) <= set(want) and len(got) > 256
+
+
+@pytest.fixture
+def warnings_are_errors() -> Iterator[None]:
+    """Overflow and NaN show up as numpy RuntimeWarnings first: make them fail the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+@pytest.mark.usefixtures("warnings_are_errors")
+@pytest.mark.parametrize("temperature", [5e-324, 1e-45, 1e-38, 1e-37, 1e-20, 9.9e-6])
+def test_a_tiny_temperature_is_greedy(temperature: float) -> None:
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=2000).astype(np.float32) * 4
+    params = SamplingParams(temperature=temperature, seed=1, top_p=0.9)
+    assert params.greedy
+    assert next_token(logits, params, [], rng) == int(np.argmax(logits))
+
+
+@pytest.mark.usefixtures("warnings_are_errors")
+def test_the_smallest_sampling_temperature_stays_finite() -> None:
+    logits = np.random.default_rng(6).normal(size=2000).astype(np.float32) * 4
+    logits[7] = logits.max() + 1.0  # a clear best: it takes all the weight
+    weights = np.exp(scaled(apply_repetition_penalty(logits, [7], 1e-300), GREEDY_BELOW))
+    assert np.isfinite(weights).all() and weights.max() == 1.0
+    rng = np.random.default_rng(6)
+    params = SamplingParams(temperature=GREEDY_BELOW, repetition_penalty=1e-300)
+    assert not params.greedy
+    assert {next_token(logits, params, [7], rng) for _ in range(20)} == {7}
+
+
+@pytest.mark.usefixtures("warnings_are_errors")
+@pytest.mark.parametrize("penalty", [5e-324, 1e-300, 1e-30, 1e-3])
+def test_a_tiny_repetition_penalty_gives_finite_probabilities(penalty: float) -> None:
+    logits = np.random.default_rng(8).normal(size=2000).astype(np.float32) * 4
+    seen = [int(np.argmin(np.abs(logits - 0.5))), int(np.argmin(np.abs(logits + 0.5))), 11]
+    penalized = apply_repetition_penalty(logits, seen, penalty)
+    assert penalized.dtype == np.float32 and np.isfinite(penalized).all()
+    for temperature in (GREEDY_BELOW, 0.7, 5.0):
+        weights = np.exp(scaled(penalized, temperature))
+        probs = weights / weights.sum()
+        assert np.isfinite(probs).all() and abs(probs.sum() - 1.0) < 1e-5
+    rng = np.random.default_rng(9)
+    for temperature, top_k, top_p in ((1.0, 0, 1.0), (0.5, 50, 0.9), (GREEDY_BELOW, 0, 0.5)):
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
+        token = next_token(logits, params, seen, rng)
+        assert token == seen[0]  # the positive seen logit, divided by (nearly) 0, outranks all

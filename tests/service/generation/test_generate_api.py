@@ -1,0 +1,179 @@
+"""/v1/generate and /v1/completions over HTTP on the tiny GPT-2: bad input is a clear 422, never a 500."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.conftest import TASK_MODEL_NAMES
+
+LM = TASK_MODEL_NAMES["text-generation"]
+BUDGET = 16  # cached tokens one request may reserve: far below the tiny model's 64-token window
+
+
+@pytest.fixture(scope="module")
+def lm_repository(tmp_path_factory: pytest.TempPathFactory, tiny_repository: Path) -> Path:
+    """The tiny repository's language model alone: the apps here need nothing else."""
+    repository = tmp_path_factory.mktemp("lm-only")
+    shutil.copytree(tiny_repository / LM, repository / LM)
+    return repository
+
+
+@pytest.fixture(scope="module")
+def client(lm_repository: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(model_repository=lm_repository))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def small_budget(lm_repository: Path) -> Iterator[TestClient]:
+    settings = Settings(model_repository=lm_repository, gen_max_cached_tokens=BUDGET)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def error(r: Any) -> str:
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error_type"] == "validation", body
+    return str(body["error"])
+
+
+# -- tiny temperatures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # raised on the engine thread: fails it
+def test_a_tiny_temperature_generates_the_greedy_text(client: TestClient) -> None:
+    body = {"prompt": "The film was", "max_new_tokens": 8, "seed": 1}
+    greedy = client.post("/v1/generate", json=body).json()
+    for temperature in (1e-38, 1e-37, 5e-324):
+        r = client.post("/v1/generate", json={**body, "temperature": temperature})
+        assert r.status_code == 200, r.text
+        assert r.json() == greedy, temperature
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # raised on the engine thread: fails it
+def test_a_tiny_repetition_penalty_samples_real_tokens(client: TestClient) -> None:
+    body = {"prompt": "The film was", "max_new_tokens": 8, "seed": 1, "temperature": 0.8}
+    r = client.post("/v1/generate", json={**body, "repetition_penalty": 1e-300})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] >= 1
+
+
+# -- the cache budget ------------------------------------------------------------------------------------
+
+
+def events(r: Any) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data: ") :]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_max_new_tokens_is_capped_to_the_cache_budget(small_budget: TestClient) -> None:
+    r = small_budget.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 100, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == BUDGET - 1  # "a" is one token
+    streamed = small_budget.post("/v1/generate", json={"prompt": "a", "max_new_tokens": 100, "stream": True})
+    assert streamed.status_code == 200, streamed.text
+    final = events(streamed)[-1]
+    assert final["finish_reason"] in ("length", "eos") and 1 <= final["tokens"] <= BUDGET - 1
+    completion = small_budget.post("/v1/completions", json={"prompt": "a", "max_tokens": 100})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["usage"]["total_tokens"] <= BUDGET
+
+
+def test_a_prompt_over_the_cache_budget_is_a_clear_422(small_budget: TestClient) -> None:
+    prompt = "the film was good " * 6  # inside the 64-token window, over the budget
+    message = error(small_budget.post("/v1/generate", json={"prompt": prompt, "max_new_tokens": 1}))
+    assert message.startswith("the prompt is ") and f"at most {BUDGET} tokens" in message
+    assert "DISTILSERVE_GEN_MAX_CACHED_TOKENS" in message
+    assert error(small_budget.post("/v1/completions", json={"prompt": prompt})) == message
+    streamed = small_budget.post("/v1/generate", json={"prompt": prompt, "stream": True})
+    assert error(streamed) == message
+
+
+def test_truncate_prompt_keeps_the_end_that_fits_the_budget(small_budget: TestClient) -> None:
+    body = {"prompt": "the film was good " * 6, "max_new_tokens": 4, "truncate_prompt": True}
+    r = small_budget.post("/v1/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == 1  # the prompt's last BUDGET - 1 tokens leave room for one
+
+
+def test_a_prompt_over_the_window_still_names_the_window(small_budget: TestClient) -> None:
+    assert "window is 64 tokens" in error(small_budget.post("/v1/generate", json={"prompt": "word " * 300}))
+
+
+# -- messages and types ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/generate", "/v1/completions"])
+@pytest.mark.parametrize(
+    ("stop", "message"),
+    [
+        ([""], "stop: expected a non-empty string or a list of non-empty strings"),
+        (7, "stop: expected a non-empty string or a list of non-empty strings"),
+        (["x"] * 9, "stop: at most 8 stop sequences"),
+    ],
+)
+def test_a_bad_stop_names_the_field_once(client: TestClient, path: str, stop: Any, message: str) -> None:
+    assert error(client.post(path, json={"prompt": "hi", "stop": stop})) == message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("stream", "yes"),
+        ("stream", 1),
+        ("echo", "false"),
+        ("temperature", "0.5"),
+        ("temperature", True),
+        ("top_p", "1"),
+        ("seed", True),
+        ("seed", "1"),
+        ("seed", 1.0),
+        ("max_tokens", True),
+        ("max_tokens", "4"),
+        ("n", True),
+        ("truncate_prompt", 1),
+    ],
+)
+def test_completions_take_json_types_strictly(client: TestClient, field: str, value: Any) -> None:
+    message = error(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value}))
+    assert message.startswith(f"{field}: "), message
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3]], [7]])
+def test_token_id_prompts_get_one_clear_message(client: TestClient, prompt: Any) -> None:
+    message = error(client.post("/v1/completions", json={"prompt": prompt}))
+    assert message == "prompt: token-id prompts are not supported; send the prompt as text"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "prompt: give one string (batches of prompts are not supported)"),
+        (["a", "b"], "prompt: give one string (batches of prompts are not supported)"),
+        ("  ", "prompt: the text is empty"),
+        ([""], "prompt: the text is empty"),
+        (None, "prompt: expected a string (or a list holding one string), got NoneType"),
+        ({"text": "hi"}, "prompt: expected a string (or a list holding one string), got dict"),
+    ],
+)
+def test_other_bad_completion_prompts(client: TestClient, prompt: Any, message: str) -> None:
+    assert error(client.post("/v1/completions", json={"prompt": prompt})) == message
+
+
+def test_completions_still_take_what_openai_clients_send(client: TestClient) -> None:
+    body = {"model": LM, "max_tokens": 3, "temperature": 0, "top_p": 1, "seed": 3, "stream": False}
+    for prompt in ("hi", ["hi"]):
+        r = client.post("/v1/completions", json={**body, "prompt": prompt, "logprobs": None, "user": "u"})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    streamed = client.post("/v1/completions", json={**body, "prompt": "hi", "stream": True})
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
