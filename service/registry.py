@@ -26,6 +26,9 @@ class ModelRegistry:
         self._by_name: dict[str, dict[int, ServedModel]] = defaultdict(dict)
         for m in models:
             self._by_name[m.name][m.manifest.version] = m
+        self._by_task: dict[str, list[str]] = defaultdict(list)  # task -> the names serving it, sorted
+        for name in self.names():
+            self._by_task[self.get(name).manifest.task].append(name)
 
     def all(self) -> list[ServedModel]:
         return [versions[v] for _, versions in sorted(self._by_name.items()) for v in sorted(versions)]
@@ -54,7 +57,7 @@ class ModelRegistry:
             if model.manifest.task != task:
                 raise WrongTaskError(f"model {name!r} serves {model.manifest.task}, not {task}")
             return model
-        serving = [n for n in self.names() if self.get(n).manifest.task == task]
+        serving = self._by_task.get(task)
         if not serving:
             raise ModelNotFoundError(f"no model serving {task} is loaded")
         if version is not None and len(serving) > 1:
