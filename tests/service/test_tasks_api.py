@@ -171,6 +171,7 @@ def test_generate_is_greedy_pytorch(client: TestClient, tiny_models: dict[str, P
         ("/v1/fill-mask", {"inputs": "no mask here"}, 422, "0 [MASK] tokens"),
         ("/v1/fill-mask", {"inputs": "[MASK] and [MASK]"}, 422, "2 [MASK] tokens"),
         ("/v1/fill-mask", {"inputs": ["ok [MASK]", "none"]}, 422, "input 1 has 0"),
+        ("/v1/fill-mask", {"inputs": "[MASK] " + "word " * 200 + "[MASK]"}, 422, "2 [MASK] tokens"),
         ("/v1/qa", {"question": "Who?"}, 422, "question and context go together"),
         ("/v1/qa", {"context": "text"}, 422, "question and context go together"),
         ("/v1/qa", {}, 422, "give question and context"),
