@@ -12,12 +12,13 @@ from service.metrics import Metrics
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health", summary="Alive: the process answers.")
+# HEAD too: some load balancers and uptime checkers probe with it.
+@router.api_route("/health", methods=["GET", "HEAD"], summary="Alive: the process answers.")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", summary="Ready: models loaded and warmed, not draining.")
+@router.api_route("/ready", methods=["GET", "HEAD"], summary="Ready: models loaded and warmed, not draining.")
 async def ready(request: Request) -> JSONResponse:
     if getattr(request.app.state, "ready", False):
         return JSONResponse({"status": "ready"})
