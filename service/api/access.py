@@ -111,7 +111,9 @@ class AccessMiddleware:
                 await self.app(scope, receive, send_with_headers)
         except Exception:
             if status is None:  # answer with the id, then let the server log the traceback
-                response = error_response(500, "internal", f"internal error (request {context.request_id})")
+                response = error_response(
+                    500, "internal", f"internal error (request {context.request_id})", path=scope["path"]
+                )
                 await response(scope, receive, send_with_headers)
             raise
         finally:

@@ -84,6 +84,6 @@ class ApiKeyMiddleware:
         else:
             await self.app(scope, receive, send)
             return
-        response = response_for(error)
+        response = response_for(error, scope["path"])
         assert response is not None
         await response(scope, receive, send)

@@ -44,7 +44,9 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.gate.draining and scope["method"] not in READS:
-            response = response_for(ShuttingDownError("the server is shutting down; send this elsewhere"))
+            response = response_for(
+                ShuttingDownError("the server is shutting down; send this elsewhere"), scope["path"]
+            )
             assert response is not None
             await response(scope, receive, send)
             return

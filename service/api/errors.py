@@ -62,10 +62,21 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
+OPENAI_PATHS = ("/v1/completions",)
+
+
 def error_response(
-    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+    status: int, error_type: str, message: str, headers: dict[str, str] | None = None, path: str = ""
 ) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
+    """`{"error", "error_type"}`; on OpenAI's routes OpenAI's own shape, where its clients look for the
+    message (with ours, the openai client said only "Error code: 404")."""
+    if path.startswith(OPENAI_PATHS):
+        body: dict[str, object] = {
+            "error": {"message": message, "type": error_type, "param": None, "code": None}
+        }
+    else:
+        body = {"error": message, "error_type": error_type}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _headers(exc: Exception) -> dict[str, str] | None:
@@ -78,11 +89,12 @@ def _headers(exc: Exception) -> dict[str, str] | None:
     return None
 
 
-def response_for(exc: Exception) -> JSONResponse | None:
-    """The table's answer to `exc`, or None when it is not a domain error; middlewares use it too."""
+def response_for(exc: Exception, path: str = "") -> JSONResponse | None:
+    """The table's answer to `exc` on `path`, or None when it is not a domain error; middlewares use it
+    too."""
     for kind, (status, error_type) in STATUS.items():
         if isinstance(exc, kind):
-            return error_response(status, error_type, str(exc), _headers(exc))
+            return error_response(status, error_type, str(exc), _headers(exc), path)
     return None
 
 
@@ -103,7 +115,7 @@ def _describe_validation(exc: RequestValidationError) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
-        response = response_for(exc)
+        response = response_for(exc, request.scope["path"])
         if response is None:  # pragma: no cover - only registered for the kinds above
             raise exc
         if response.status_code >= 500:
@@ -112,10 +124,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "validation", _describe_validation(exc))
+        return error_response(422, "validation", _describe_validation(exc), path=request.scope["path"])
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, "http", str(exc.detail), getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        return error_response(exc.status_code, "http", str(exc.detail), headers, request.scope["path"])
 
     for kind in STATUS:
         app.add_exception_handler(kind, on_domain_error)

@@ -60,6 +60,6 @@ class BodyLimitMiddleware:
 
     @staticmethod
     async def _refuse(error: PayloadTooLargeError, scope: Scope, receive: Receive, send: Send) -> None:
-        response = response_for(error)
+        response = response_for(error, scope["path"])
         assert response is not None
         await response(scope, receive, send)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Depends
 
 from service.api.deps import Collaborators, collaborators
-from service.api.schemas import ModelCard, ModelList
+from service.api.schemas import ModelCard, ModelList, OpenAIModel
+from service.runtime import ServedModel
 
 router = APIRouter(tags=["models"])
 
@@ -14,5 +17,15 @@ router = APIRouter(tags=["models"])
 async def list_models(c: Collaborators = Depends(collaborators)) -> ModelList:
     workers = c.settings.workers
     return ModelList(
-        models=[ModelCard.model_validate(m.describe() | {"workers": workers}) for m in c.registry.all()]
+        models=[ModelCard.model_validate(m.describe() | {"workers": workers}) for m in c.registry.all()],
+        data=[_openai(c.registry.get(name)) for name in c.registry.names()],
     )
+
+
+def _openai(model: ServedModel) -> OpenAIModel:
+    created = model.manifest.created_at
+    try:
+        timestamp = int(datetime.fromisoformat(created).timestamp()) if created else 0
+    except ValueError:
+        timestamp = 0
+    return OpenAIModel(id=model.name, created=timestamp)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -217,8 +217,19 @@ class ModelCard(BaseModel):
     distillation: dict[str, Any] | None
 
 
+class OpenAIModel(BaseModel):
+    """A served model as OpenAI's `GET /v1/models` lists it (its clients' `models.list()` reads `data`)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time the served version was exported (0: unknown).")
+    owned_by: str = "distilserve"
+
+
 class ModelList(BaseModel):
     models: list[ModelCard]
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel] = Field(description="The same models in OpenAI's list format, one per name.")
 
 
 class ErrorBody(BaseModel):
