@@ -1,4 +1,8 @@
-"""Counts every API request by model, task and status, and times it end to end (pure ASGI)."""
+"""Counts every request for work by model, task and status, and times it end to end (pure ASGI).
+
+Reads (GET, HEAD, OPTIONS: probes, metadata, /metrics, /docs) are not counted: they would show as requests
+refused before a model was chosen, the one thing an empty model label means.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.drain import READS
 from service.metrics import Metrics
-
-UNTRACKED = ("/metrics", "/health", "/ready", "/v2/health", "/docs", "/openapi.json", "/redoc")
 
 
 class RequestMetricsMiddleware:
@@ -17,7 +20,7 @@ class RequestMetricsMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(UNTRACKED):
+        if scope["type"] != "http" or scope["method"] in READS:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()

@@ -112,6 +112,8 @@ def test_metrics_move_with_each_request(settings: Settings) -> None:
         before = (await client.get("/metrics")).text
         await client.post("/v1/classify", json={"inputs": "a fine film"})
         await client.post("/v1/classify", json={"inputs": ""})
+        for read in ("/v1/models", "/v2/models/sentiment", "/v2/models/sentiment/ready", "/ready"):
+            assert (await client.get(read)).status_code == 200  # reads: not requests for work
         return before, (await client.get("/metrics")).text
 
     before, after = run_with_client(settings, body)
