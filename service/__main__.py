@@ -13,6 +13,11 @@ from service.workers import supervise
 
 def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engine_factory) -> None:
     settings = parse_cli(argv)
+    if not settings.model_repository.is_dir():
+        raise SystemExit(
+            f"distilserve: no model repository at {settings.model_repository}: build the demo one with "
+            "`make models`, or point --model-repository (DISTILSERVE_MODEL_REPOSITORY) at yours"
+        )
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
         raise SystemExit(supervise(settings, engine_factory))

@@ -118,11 +118,15 @@ def parse_cli(argv: list[str] | None = None) -> Settings:
     )
     for name, field in Settings.model_fields.items():
         env = "DISTILSERVE_" + name.upper()
+        switch = field.annotation is bool  # `--require-gpu` alone means true; `--require-gpu 0` also works
         parser.add_argument(
             _flag(name),
             dest=name,
             default=None,
-            help=f"{field.description} [env {env}; default {field.default}]",
+            nargs="?" if switch else None,
+            const="true" if switch else None,
+            help=f"{field.description} [env {env}; default {field.default}"
+            + ("; alone: true]" if switch else "]"),
         )
     given: dict[str, Any] = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     try:

@@ -26,6 +26,21 @@ def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.port == 9100 and s.max_batch_size == 4 and s.model_repository == Path("/srv/models")
 
 
+def test_a_switch_alone_means_true_and_takes_a_value_too() -> None:
+    assert parse_cli(["--require-gpu"]).require_gpu is True
+    assert parse_cli(["--require-gpu", "0"]).require_gpu is False
+    assert parse_cli(["--warmup", "false", "--port", "9100"]).warmup is False
+
+
+def test_a_missing_repository_is_one_clear_line(tmp_path: Path) -> None:
+    from service.__main__ import main
+
+    with pytest.raises(
+        SystemExit, match=r"no model repository at .*nowhere: build the demo one with `make models`"
+    ):
+        main(["--model-repository", str(tmp_path / "nowhere")])
+
+
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTILSERVE_MAX_BATCH_SIZE", "0")
     with pytest.raises(ValidationError, match="max_batch_size"):
