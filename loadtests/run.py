@@ -12,6 +12,7 @@ bad request's 4xx being a success.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def service(host: str, port: int, repository: Path, log: Path, ready_timeout_s: 
         )
     command = [sys.executable, "-m", "service", "--host", host, "--port", str(port)]
     command += ["--model-repository", str(repository)]
-    print(f"starting {' '.join(command[1:])} (log: {log})")
+    print(f"starting {shlex.join(command)} (log: {log})")
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         locust += ["--users", str(args.users), "--spawn-rate", str(args.spawn_rate), "--run-time", args.time]
         locust += ["--csv", str(prefix), "--csv-full-history", "--html", str(out / "locust.html")]
         locust += ["--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"]
-        print(" ".join(locust[1:]))
+        print(shlex.join(locust))
         subprocess.run(locust, check=False)  # exits 1 on any failure, 429s included: the report judges
     if not Path(f"{prefix}_stats.csv").exists():
         print("locust wrote no stats: see its output above", file=sys.stderr)

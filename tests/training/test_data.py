@@ -308,3 +308,10 @@ def test_split_never_empties_a_side_when_possible() -> None:
     assert len(train) == 1 and len(evals) == 1
     train, evals = split_examples(["a", "b", "c"], 0.9, seed=0, group=lambda _: "same")
     assert len(train) == 3 and evals == []
+
+
+def test_a_squad_file_read_as_classification_says_which_task_it_is(tmp_path: Path) -> None:
+    squad = tmp_path / "train.json"
+    squad.write_text('{"data": []}')
+    with pytest.raises(ValueError, match=r"'\.json'.*SQuAD-style QA: pass --task question-answering"):
+        load_classification(squad)

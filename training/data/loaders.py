@@ -42,7 +42,12 @@ def load_classification(path: Path | str) -> ClassificationData:
         rows = _read_table_rows(file, delimiter="\t" if suffix == ".tsv" else ",")
     else:
         raise ValueError(
-            f"{file}: unsupported classification file suffix {suffix!r} (use .jsonl, .tsv or .csv)"
+            f"{file}: unsupported classification file suffix {suffix!r} (use .jsonl, .tsv or .csv"
+            + (
+                "; a .json file is SQuAD-style QA: pass --task question-answering)"
+                if suffix == ".json"
+                else ")"
+            )
         )
     if not rows:
         raise ValueError(f"{file}: no examples found")
