@@ -8,7 +8,8 @@ Every model answers at a text-level interface for its task; each tensor's first 
   (character offsets: CONTEXT[START:END] == ANSWER); parameters max_answer_length, doc_stride,
   handle_impossible_answer as in /v1/qa.
 - fill-mask: TEXT BYTES [b] -> TOKEN_STR BYTES [b, k], TOKEN INT64 [b, k], SCORE FP32 [b, k],
-  SEQUENCE BYTES [b, k] (the text with the mask filled); parameter top_k (default 5).
+  SEQUENCE BYTES [b, k] (the tokens decoded with the mask filled, as /v1/fill-mask's sequence);
+  parameter top_k (default 5).
 - text-generation: PROMPT BYTES [b] -> TEXT BYTES [b], TOKENS INT64 [b], FINISH_REASON BYTES [b];
   parameters max_new_tokens (default 32) and the sampling fields of /v1/generate (temperature, ...).
 
