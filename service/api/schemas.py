@@ -183,11 +183,31 @@ class CompletionRequest(SamplingFields):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     echo: bool = Field(False, description="Not supported: must be false.")
+    # OpenAI's other knobs this server does not implement: refused when set, never silently ignored.
+    logprobs: int | None = Field(None, description="Not supported: must be null.")
+    best_of: int | None = Field(None, description="Not supported: null or 1.")
+    suffix: str | None = Field(None, description="Not supported: must be null.")
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported: null or empty.")
+    presence_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
+    frequency_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
 
     @model_validator(mode="after")
-    def _no_echo(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported")
+    def _unsupported(self) -> CompletionRequest:
+        unsupported = [
+            name
+            for name, is_set in (
+                ("echo", self.echo),
+                ("logprobs", self.logprobs is not None),
+                ("best_of", self.best_of not in (None, 1)),
+                ("suffix", self.suffix is not None),
+                ("logit_bias", bool(self.logit_bias)),
+                ("presence_penalty", self.presence_penalty != 0),
+                ("frequency_penalty", self.frequency_penalty != 0),
+            )
+            if is_set
+        ]
+        if unsupported:
+            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
         return self
 
     @property

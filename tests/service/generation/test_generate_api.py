@@ -41,10 +41,13 @@ def small_budget(lm_repository: Path) -> Iterator[TestClient]:
 
 
 def error(r: Any) -> str:
+    """The 422's message, from either shape: ours, or OpenAI's on /v1/completions."""
     assert r.status_code == 422, r.text
     body = r.json()
-    assert body["error_type"] == "validation", body
-    return str(body["error"])
+    error = body["error"] if isinstance(body["error"], dict) else body
+    message = error["message"] if isinstance(body["error"], dict) else error["error"]
+    assert error.get("type", error.get("error_type")) == "validation", body
+    return str(message)
 
 
 # -- tiny temperatures ---------------------------------------------------------------------------------
@@ -177,3 +180,22 @@ def test_completions_still_take_what_openai_clients_send(client: TestClient) -> 
         assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     streamed = client.post("/v1/completions", json={**body, "prompt": "hi", "stream": True})
     assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("echo", True),
+        ("logprobs", 1),
+        ("best_of", 2),
+        ("suffix", "!"),
+        ("logit_bias", {"50256": -100}),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -1.0),
+    ],
+)
+def test_openai_knobs_this_server_lacks_are_refused_not_ignored(
+    client: TestClient, field: str, value: Any
+) -> None:
+    message = error(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value}))
+    assert message == f"body: not supported by this server: {field}"
