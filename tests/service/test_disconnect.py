@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Message
 
 from service.api.disconnect import cancel_on_disconnect
-from tests.service.live_server import free_port
-from tests.service.test_drain import ROOT, _ready, wait_for
+from tests.service.slow_server import running_slow_server, wait_for
 
 GONE = 4
 
@@ -84,26 +81,9 @@ def test_a_cancellation_from_elsewhere_still_cancels() -> None:
 @pytest.fixture
 def one_slow_instance(tiny_repository: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """The real entry point with one engine call at a time, each 0.4 s, one sequence per batch."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "SLOW_ENGINE_S": "0.4",
-        "DISTILSERVE_MAX_BATCH_SIZE": "1",
-        "DISTILSERVE_INSTANCES": "1",
-    }
-    command = [sys.executable, "-m", "tests.service.slow_server", "--port", str(port)]
-    command += ["--model-repository", str(tiny_repository), "--warmup", "false"]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(base, process), timeout_s=60)
-        yield base, process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    env = {"SLOW_ENGINE_S": "0.4", "DISTILSERVE_MAX_BATCH_SIZE": "1", "DISTILSERVE_INSTANCES": "1"}
+    with running_slow_server(tiny_repository, env) as server:
+        yield server
 
 
 def metric(metrics: str, name: str, label: str = "") -> float:

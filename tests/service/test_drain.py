@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from tests.service.slow_server import running_slow_server
 
-ROOT = Path(__file__).resolve().parents[2]
 IN_FLIGHT = 6
 
 
@@ -36,57 +32,21 @@ def test_a_draining_app_refuses_new_work_and_serves_reads(tiny_repository: Path)
         assert client.get("/health").status_code == 200
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
 def slow_server(
     tiny_repository: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """The real entry point on 127.0.0.1, with each classification engine call taking 0.4 s; alone or as
     two workers behind the supervisor (which forwards SIGTERM, and every worker drains)."""
-    port = free_port()
     env = {
-        **os.environ,
         "DISTILSERVE_WORKERS": str(request.param),
         "SLOW_ENGINE_S": "0.4",
         "DISTILSERVE_MAX_BATCH_SIZE": "2",
         "DISTILSERVE_MAX_BODY_BYTES": "16384",
         "DISTILSERVE_SHUTDOWN_GRACE_S": "20",
     }
-    command = [sys.executable, "-m", "tests.service.slow_server", "--port", str(port)]
-    command += ["--model-repository", str(tiny_repository), "--warmup", "false"]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _ready(base, process), timeout_s=60)
-        yield base, process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
-def _ready(base: str, process: subprocess.Popen[str]) -> bool:
-    if process.poll() is not None:
-        raise RuntimeError(f"the server exited early:\n{process.communicate()[0]}")
-    try:
-        return httpx.get(f"{base}/ready", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
+    with running_slow_server(tiny_repository, env) as server:
+        yield server
 
 
 def in_flight(metrics: str) -> float:
