@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Depends, Request
 
 from service.api.deps import Collaborators, json_collaborators, label_request
 from service.api.schemas import ERRORS, QAAnswer, QARequest
 from service.api.task_route import TaskRoute
-from service.processors.qa import answer
+from service.processors.qa import SpanRules, answer_all
 
 router = APIRouter(tags=["tasks"], route_class=TaskRoute)
 
@@ -27,22 +25,8 @@ async def qa(
     label_request(request, model)
     pairs = body.pairs()
     c.check_batch(len(pairs))
-    results = await asyncio.gather(
-        *(
-            answer(
-                model,
-                question,
-                context,
-                top_k=body.top_k,
-                max_answer_length=body.max_answer_length,
-                handle_impossible_answer=body.handle_impossible_answer,
-                stride=body.doc_stride,
-                metrics=c.metrics,
-                timeout_s=c.settings.request_timeout_s,
-            )
-            for question, context in pairs
-        )
-    )
+    rules = SpanRules(body.top_k, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
+    results = await answer_all(model, pairs, rules, c.metrics, c.settings.request_timeout_s)
     shaped = [[QAAnswer(**a) for a in r] for r in results]
     if body.top_k == 1:
         flat = [r[0] if r else QAAnswer(answer="", score=0.0, start=0, end=0) for r in shaped]

@@ -59,9 +59,10 @@ from service.api.v2_schemas import (
 )
 from service.batching import DeadlineExceededError
 from service.processors.classification import classify
+from service.processors.common import all_or_none
 from service.processors.fill_mask import fill_mask
 from service.processors.generation import complete, prepare
-from service.processors.qa import Answer, answer
+from service.processors.qa import Answer, SpanRules, answer_all
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.runtime import ServedModel
 
@@ -193,22 +194,8 @@ async def _answer(job: Job) -> dict[str, np.ndarray]:
     pairs = [{"question": q, "context": c} for q, c in zip(questions, contexts, strict=True)]
     names = {"question": "QUESTION", "context": "CONTEXT", "inputs": "QUESTION/CONTEXT"}
     body = _validated(QARequest, {"inputs": pairs, **_passed(job, QA.parameters)}, names)
-    results = await asyncio.gather(
-        *(
-            answer(
-                job.model,
-                question,
-                context,
-                top_k=1,
-                max_answer_length=body.max_answer_length,
-                handle_impossible_answer=body.handle_impossible_answer,
-                stride=body.doc_stride,
-                metrics=job.c.metrics,
-                timeout_s=job.timeout_s,
-            )
-            for question, context in body.pairs()
-        )
-    )
+    rules = SpanRules(1, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
+    results = await answer_all(job.model, body.pairs(), rules, job.c.metrics, job.timeout_s)
     best = [r[0] if r else Answer(answer="", score=0.0, start=0, end=0) for r in results]
     return {
         "ANSWER": _strings([a["answer"] for a in best]),
@@ -243,7 +230,7 @@ async def _generate(job: Job) -> dict[str, np.ndarray]:
         prepare(job.model, b.prompt, sampling(b, b.max_new_tokens), b.truncate_prompt, job.c.metrics)
         for b in bodies
     ]
-    work = asyncio.gather(*(complete(p) for p in prepared))
+    work = all_or_none(complete(p) for p in prepared)
     if "timeout" not in job.parameters:  # as /v1/generate: no deadline unless the client sets one
         results = await work
     else:

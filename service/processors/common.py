@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from service.batching import ItemTiming
 from service.metrics import Metrics
 from service.request_context import current
 from service.runtime import ServedModel
 from service.tokenization import EncodedText
+
+T = TypeVar("T")
 
 
 class InvalidInputError(ValueError):
@@ -74,11 +76,17 @@ async def run_all(model: ServedModel, items: Sequence[Any], timeout_s: float) ->
         model.batcher.check_room(len(items))
     except ValueError as e:
         raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
-    tasks = [asyncio.ensure_future(submit(model, item, timeout_s)) for item in items]
+    return await all_or_none(submit(model, item, timeout_s) for item in items)
+
+
+async def all_or_none(work: Iterable[Awaitable[T]]) -> list[T]:
+    """Await them together; when one fails (429, 504) or the request is cancelled (client gone), cancel
+    the rest and wait until they have left their queues: a request's work is never computed for nobody."""
+    tasks = [asyncio.ensure_future(w) for w in work]
     try:
         return list(await asyncio.gather(*tasks))
-    except BaseException:  # one failed (429, 504) or the request was cancelled: the rest leave the queue
+    except BaseException:
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks)  # gone before the error is answered
+        await asyncio.wait(tasks)
         raise

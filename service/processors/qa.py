@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
 
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError, check_chars, run_all, tokenizing
+from service.processors.common import InvalidInputError, all_or_none, check_chars, run_all, tokenizing
 from service.runtime import ServedModel
 from service.tasks.qa import null_score, offsets_array, span_probabilities, top_spans
 from service.tokenization import EncodedText
@@ -48,17 +50,29 @@ def _stack(rows: list[np.ndarray], width: int) -> np.ndarray:
     return out
 
 
-async def answer(
+@dataclass(frozen=True)
+class SpanRules:
+    """What a request asks of its answers."""
+
+    top_k: int = 1
+    max_answer_length: int = 30
+    handle_impossible_answer: bool = False
+    stride: int | None = None  # window overlap in tokens; None: doc_stride's default
+
+
+async def answer_all(
     model: ServedModel,
-    question: str,
-    context: str,
-    *,
-    top_k: int,
-    max_answer_length: int,
-    handle_impossible_answer: bool,
-    stride: int | None,
+    pairs: Sequence[tuple[str, str]],
+    rules: SpanRules,
     metrics: Metrics,
     timeout_s: float,
+) -> list[list[Answer]]:
+    """The answers to each (question, context) pair; one refused (429) takes the others' windows along."""
+    return await all_or_none(answer(model, q, c, rules, metrics, timeout_s) for q, c in pairs)
+
+
+async def answer(
+    model: ServedModel, question: str, context: str, rules: SpanRules, metrics: Metrics, timeout_s: float
 ) -> list[Answer]:
     check_chars([question], "question")
     check_chars([context], "context")  # no window limit: a long context is split into windows
@@ -70,23 +84,23 @@ async def answer(
                 f"the question is too long: beside it the model's window of {window} tokens keeps "
                 f"{max(room, 0)} for the context, and the context needs at least {window // 4} (a quarter)"
             )
-        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, stride))
+        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
     outputs = await run_all(model, windows, timeout_s)
     width = max(len(w) for w in windows)
     start = _stack([o["start_logits"] for o in outputs], width)
     end = _stack([o["end_logits"] for o in outputs], width)
     offsets = offsets_array([_context_offsets(w) for w in windows], width)
-    spans = top_spans(start, end, offsets, top_k=top_k, max_answer_length=max_answer_length)
-    probabilities = span_probabilities(start, end, offsets, spans, max_answer_length=max_answer_length)
+    spans = top_spans(start, end, offsets, top_k=rules.top_k, max_answer_length=rules.max_answer_length)
+    probabilities = span_probabilities(start, end, offsets, spans, max_answer_length=rules.max_answer_length)
     answers = [
         Answer(answer=context[s.start_char : s.end_char], score=p, start=s.start_char, end=s.end_char)
         for s, p in zip(spans, probabilities, strict=True)
     ]
-    if handle_impossible_answer and (not spans or null_score(start, end) > spans[0].score):
+    if rules.handle_impossible_answer and (not spans or null_score(start, end) > spans[0].score):
         answers.insert(
             0, Answer(answer="", score=1.0 if not spans else _null_probability(start, end), start=0, end=0)
         )
-        answers = answers[:top_k]
+        answers = answers[: rules.top_k]
     return answers
 
 

@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 from service.batching import BatchPolicy, MicroBatcher, QueueFullError
-from service.processors.common import InvalidInputError, run_all
+from service.processors.common import InvalidInputError, all_or_none, run_all
 from service.runtime import ServedModel
 
 Body = Callable[[ServedModel, MicroBatcher[str, str], threading.Event], Awaitable[None]]
@@ -82,3 +82,26 @@ def test_a_cancelled_request_takes_all_its_items_out_of_the_queue() -> None:
         assert batcher.queue_depth == 0
 
     assert with_busy_engine(body) == ["busy"]
+
+
+def test_all_or_none_cancels_the_rest_when_one_fails_and_waits_until_they_are_gone() -> None:
+    left: list[str] = []
+
+    async def slow(name: str) -> str:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            left.append(name)  # runs on cancellation: what leaving a queue would do
+        return name
+
+    async def fails() -> str:
+        await asyncio.sleep(0.01)
+        raise QueueFullError(retry_after_s=1.0)
+
+    async def main() -> None:
+        with pytest.raises(QueueFullError):
+            await all_or_none([slow("a"), fails(), slow("b")])
+        assert sorted(left) == ["a", "b"]  # gone before the error reached the caller
+        assert await all_or_none([asyncio.sleep(0, result=i) for i in range(3)]) == [0, 1, 2]
+
+    asyncio.run(asyncio.wait_for(main(), 5))
