@@ -62,7 +62,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-OPENAI_PATHS = ("/v1/completions",)
+OPENAI_PATHS = ("/v1/completions", "/v1/models/")
 
 
 def error_response(

@@ -29,3 +29,8 @@ def _openai(model: ServedModel) -> OpenAIModel:
     except ValueError:
         timestamp = 0
     return OpenAIModel(id=model.name, created=timestamp)
+
+
+@router.get("/v1/models/{name}", response_model=OpenAIModel, summary="One model, in OpenAI's format.")
+async def retrieve_model(name: str, c: Collaborators = Depends(collaborators)) -> OpenAIModel:
+    return _openai(c.registry.get(name))

@@ -30,13 +30,13 @@ async def fill_mask(
     enforce_window(encoded, model.encoder.max_length)
     for i, (text, e) in enumerate(zip(texts, encoded, strict=True)):
         found = len(mask_positions(e.input_ids, mask_id))
-        if e.truncated:  # a mask cut off with the text's end still makes one too many
-            found = max(found, text.count(mask_token))
         where = f"input {i}" if len(texts) > 1 else "the input"
         if found == 0 and mask_token in text:
             raise InvalidInputError(
                 f"{where}: {mask_token} lies past the model's {model.encoder.max_length} tokens"
             )
+        if e.truncated:  # a mask cut off with the text's end still makes one too many
+            found = max(found, text.count(mask_token))
         if found != 1:
             raise InvalidInputError(f"{where} has {found} {mask_token} tokens; exactly one is supported")
     outputs = await run_all(model, encoded, timeout_s)

@@ -9,7 +9,7 @@ from typing import TypedDict
 import numpy as np
 
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError, all_or_none, check_chars, run_all, tokenizing
+from service.processors.common import InvalidInputError, check_chars, run_all, tokenizing
 from service.runtime import ServedModel
 from service.tasks.qa import null_score, offsets_array, span_probabilities, top_spans
 from service.tokenization import EncodedText
@@ -67,13 +67,20 @@ async def answer_all(
     metrics: Metrics,
     timeout_s: float,
 ) -> list[list[Answer]]:
-    """The answers to each (question, context) pair; one refused (429) takes the others' windows along."""
-    return await all_or_none(answer(model, q, c, rules, metrics, timeout_s) for q, c in pairs)
+    """The answers to each (question, context) pair. Every pair's windows go to the batcher as one
+    request's sequences: queued all or none, and leaving together."""
+    windows = [_windows(model, question, context, rules, metrics) for question, context in pairs]
+    outputs = await run_all(model, [w for pair in windows for w in pair], timeout_s)
+    answers, taken = [], 0
+    for (_, context), pair in zip(pairs, windows, strict=True):
+        answers.append(_answers(context, pair, outputs[taken : taken + len(pair)], rules))
+        taken += len(pair)
+    return answers
 
 
-async def answer(
-    model: ServedModel, question: str, context: str, rules: SpanRules, metrics: Metrics, timeout_s: float
-) -> list[Answer]:
+def _windows(
+    model: ServedModel, question: str, context: str, rules: SpanRules, metrics: Metrics
+) -> list[EncodedText]:
     check_chars([question], "question")
     check_chars([context], "context")  # no window limit: a long context is split into windows
     with tokenizing(metrics, model):
@@ -84,8 +91,13 @@ async def answer(
                 f"the question is too long: beside it the model's window of {window} tokens keeps "
                 f"{max(room, 0)} for the context, and the context needs at least {window // 4} (a quarter)"
             )
-        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
-    outputs = await run_all(model, windows, timeout_s)
+        return model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
+
+
+def _answers(
+    context: str, windows: list[EncodedText], outputs: Sequence[dict[str, np.ndarray]], rules: SpanRules
+) -> list[Answer]:
+    """The best spans over all of a context's windows, best first."""
     width = max(len(w) for w in windows)
     start = _stack([o["start_logits"] for o in outputs], width)
     end = _stack([o["end_logits"] for o in outputs], width)

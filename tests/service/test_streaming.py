@@ -89,6 +89,9 @@ def test_openai_errors_are_clear(server: LiveServer) -> None:
     with pytest.raises(UnprocessableEntityError, match="n: Input should be less than or equal to 1"):
         client.completions.create(model=LM, prompt="hi", max_tokens=4, n=2)
     assert LM in {m.id for m in client.models.list()}
+    assert client.models.retrieve(LM).id == LM
+    with pytest.raises(NotFoundError, match="'nope' is not served"):
+        client.models.retrieve("nope")
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,18 @@ def test_qa_windows_step_on_by_at_least_half_their_room(client: TestClient, tiny
     assert 1 < windows <= -(-(context_tokens - 21) // (21 - 21 // 2)) + 1  # steps of at least 11 tokens
 
 
+def test_qa_pairs_are_queued_as_one_request(tiny_repository: Path) -> None:
+    """Each pair fits the queue; together they never can: a 422 saying so, not a 429 forever."""
+    context = "Acme was founded in 1950 by John Smith. " * 12  # a few windows of the tiny model each
+    pairs = [{"question": "Who founded Acme?", "context": context}] * 4
+    settings = Settings(model_repository=tiny_repository, warmup=False, max_queue=8)
+    with TestClient(create_app(settings)) as small_queue:
+        assert small_queue.post("/v1/qa", json=pairs[0]).status_code == 200
+        r = small_queue.post("/v1/qa", json={"inputs": pairs})
+    assert r.status_code == 422, r.text
+    assert "sequences at once; the queue holds at most 8" in r.json()["error"]
+
+
 def sequences_run(metrics: str) -> float:
     """Sequences the QA model has computed (its batch sizes' sum)."""
     model = TASK_MODEL_NAMES["question-answering"]
@@ -172,6 +184,12 @@ def test_generate_is_greedy_pytorch(client: TestClient, tiny_models: dict[str, P
         ("/v1/fill-mask", {"inputs": "[MASK] and [MASK]"}, 422, "2 [MASK] tokens"),
         ("/v1/fill-mask", {"inputs": ["ok [MASK]", "none"]}, 422, "input 1 has 0"),
         ("/v1/fill-mask", {"inputs": "[MASK] " + "word " * 200 + "[MASK]"}, 422, "2 [MASK] tokens"),
+        (
+            "/v1/fill-mask",
+            {"inputs": "word " * 200 + "[MASK]"},
+            422,
+            "[MASK] lies past the model's 64 tokens",
+        ),
         ("/v1/qa", {"question": "Who?"}, 422, "question and context go together"),
         ("/v1/qa", {"context": "text"}, 422, "question and context go together"),
         ("/v1/qa", {}, 422, "give question and context"),
