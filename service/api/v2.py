@@ -386,12 +386,16 @@ async def server_metadata(request: Request) -> ServerMetadata:
     return ServerMetadata(name="distilserve", version=request.app.version, extensions=EXTENSIONS)
 
 
-@router.get("/health/live", summary="Live: 200 while the process answers.")
+@router.api_route("/health/live", methods=["GET", "HEAD"], summary="Live: 200 while the process answers.")
 async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/health/ready", summary="Ready: 200 once models are loaded and warm, 400 otherwise.")
+@router.api_route(
+    "/health/ready",
+    methods=["GET", "HEAD"],
+    summary="Ready: 200 once models are loaded and warm, 400 otherwise.",
+)
 async def server_ready(request: Request) -> Response:
     return Response(status_code=200 if getattr(request.app.state, "ready", False) else 400)
 

@@ -132,11 +132,11 @@ def test_metrics_move_with_each_request(settings: Settings) -> None:
 
 def test_health_ready_and_models(settings: Settings) -> None:
     async def body(client: httpx.AsyncClient) -> list[httpx.Response]:
-        probes = [await client.head(p) for p in ("/health", "/ready")]
-        return probes + [await client.get(p) for p in ("/health", "/ready", "/v1/models")]
+        probes = [await client.head(p) for p in ("/health", "/ready", "/v2/health/live", "/v2/health/ready")]
+        return [*probes, *[await client.get(p) for p in ("/health", "/ready", "/v1/models")]]
 
-    head_health, head_ready, health, ready, models = run_with_client(settings, body)
-    assert head_health.status_code == head_ready.status_code == 200 and head_health.content == b""
+    *heads, health, ready, models = run_with_client(settings, body)
+    assert [h.status_code for h in heads] == [200] * 4 and all(h.content == b"" for h in heads)
     assert health.json() == {"status": "ok"} and ready.status_code == 200
     [card] = models.json()["models"]
     assert card["name"] == "sentiment" and card["version"] == 1 and card["task"] == "text-classification"
