@@ -12,7 +12,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from service.api.deps import Collaborators, json_collaborators, label_request
-from service.api.schemas import ERRORS, CompletionRequest, GenerateRequest, GenerateResponse, SamplingFields
+from service.api.schemas import (
+    ERRORS,
+    OPENAI_ERRORS,
+    CompletionRequest,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingFields,
+)
 from service.api.task_route import TaskRoute
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
@@ -86,7 +93,7 @@ async def _generate_events(seq: Sequence, groups: AsyncIterator[list[TokenEvent]
         yield sse({"error": str(e), "error_type": "backend"})
 
 
-@router.post("/v1/completions", responses=ERRORS, summary="OpenAI-compatible text completions.")
+@router.post("/v1/completions", responses=OPENAI_ERRORS, summary="OpenAI-compatible text completions.")
 async def completions(
     body: CompletionRequest, request: Request, c: Collaborators = Depends(json_collaborators)
 ) -> Any:

@@ -12,13 +12,15 @@ from service.metrics import Metrics
 router = APIRouter(tags=["health"])
 
 
-# HEAD too: some load balancers and uptime checkers probe with it.
-@router.api_route("/health", methods=["GET", "HEAD"], summary="Alive: the process answers.")
+# HEAD too (some load balancers and uptime checkers probe with it), out of the schema: one operation each.
+@router.get("/health", summary="Alive: the process answers.")
+@router.head("/health", include_in_schema=False)
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.api_route("/ready", methods=["GET", "HEAD"], summary="Ready: models loaded and warmed, not draining.")
+@router.get("/ready", summary="Ready: models loaded and warmed, not draining.")
+@router.head("/ready", include_in_schema=False)
 async def ready(request: Request) -> JSONResponse:
     if getattr(request.app.state, "ready", False):
         return JSONResponse({"status": "ready"})

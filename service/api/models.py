@@ -7,7 +7,7 @@ from datetime import datetime
 from fastapi import APIRouter, Depends
 
 from service.api.deps import Collaborators, collaborators
-from service.api.schemas import ModelCard, ModelList, OpenAIModel
+from service.api.schemas import OPENAI_ERRORS, ModelCard, ModelList, OpenAIModel
 from service.runtime import ServedModel
 
 router = APIRouter(tags=["models"])
@@ -31,6 +31,11 @@ def _openai(model: ServedModel) -> OpenAIModel:
     return OpenAIModel(id=model.name, created=timestamp)
 
 
-@router.get("/v1/models/{name}", response_model=OpenAIModel, summary="One model, in OpenAI's format.")
+@router.get(
+    "/v1/models/{name}",
+    response_model=OpenAIModel,
+    responses={404: OPENAI_ERRORS[404]},
+    summary="One model, in OpenAI's format.",
+)
 async def retrieve_model(name: str, c: Collaborators = Depends(collaborators)) -> OpenAIModel:
     return _openai(c.registry.get(name))

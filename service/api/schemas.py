@@ -257,6 +257,19 @@ class ErrorBody(BaseModel):
     error_type: str
 
 
-ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (404, 413, 415, 422, 429, 500, 503, 504)
-}
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Errors on the OpenAI-compatible routes, in OpenAI's shape (its clients read `error.message`)."""
+
+    error: OpenAIErrorDetail
+
+
+ERROR_CODES = (404, 413, 415, 422, 429, 500, 503, 504)
+ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorBody} for code in ERROR_CODES}
+OPENAI_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": OpenAIErrorBody} for code in ERROR_CODES}

@@ -386,16 +386,14 @@ async def server_metadata(request: Request) -> ServerMetadata:
     return ServerMetadata(name="distilserve", version=request.app.version, extensions=EXTENSIONS)
 
 
-@router.api_route("/health/live", methods=["GET", "HEAD"], summary="Live: 200 while the process answers.")
+@router.get("/health/live", summary="Live: 200 while the process answers.")
+@router.head("/health/live", include_in_schema=False)
 async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@router.api_route(
-    "/health/ready",
-    methods=["GET", "HEAD"],
-    summary="Ready: 200 once models are loaded and warm, 400 otherwise.",
-)
+@router.get("/health/ready", summary="Ready: 200 once models are loaded and warm, 400 otherwise.")
+@router.head("/health/ready", include_in_schema=False)
 async def server_ready(request: Request) -> Response:
     return Response(status_code=200 if getattr(request.app.state, "ready", False) else 400)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,21 @@ def test_the_schema_still_documents_the_body_and_the_answer(client: TestClient) 
     assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ClassifyRequest"}
     answer = operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert "LabelScore" in str(answer)
+
+
+def test_the_schema_documents_each_routes_error_shape_without_warnings(client: TestClient) -> None:
+    app = client.app
+    app.openapi_schema = None  # type: ignore[attr-defined]  # built anew, not the cached one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. FastAPI's duplicate operation ids
+        paths = app.openapi()["paths"]  # type: ignore[attr-defined]
+
+    def error_schema(path: str, method: str) -> str:
+        return str(paths[path][method]["responses"]["422"]["content"]["application/json"]["schema"])
+
+    assert "ErrorBody" in error_schema("/v1/classify", "post")
+    assert "OpenAIErrorBody" in error_schema("/v1/completions", "post")
+    assert set(paths["/health"]) == {"get"}  # HEAD is served, not documented twice
 
 
 @pytest.mark.parametrize(
