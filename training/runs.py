@@ -194,6 +194,17 @@ def _common_report(
     }
 
 
+def _training_data(task: Task, path: str | Path) -> Any:
+    """The task's training data; a label head needs two classes at least to learn anything."""
+    data = task.load_data(path)
+    labels = task.label_names(data)
+    if labels and len(labels) < 2:
+        raise ValueError(
+            f"{path}: every example is labelled {labels[0]!r}; a classifier needs two classes at least"
+        )
+    return data
+
+
 def _labels(task: Task, data: Any, model: PreTrainedModel) -> dict[Any, str]:
     return dict(model.config.id2label or {}) if task.label_names(data) else {}
 
@@ -216,7 +227,7 @@ def train_teacher(
     set_seed(cfg.seed)  # fresh weights (presets, new heads) depend on it, not only the training loop
     task = get_task(task_name)
     cfg = _watch_task_metric(cfg, task)
-    train_data, eval_data = task.load_data(train_path), task.load_data(eval_path)
+    train_data, eval_data = _training_data(task, train_path), task.load_data(eval_path)
     console.print(
         f"[bold]teacher[/] {source}: {len(task.texts(train_data))} train / {len(task.texts(eval_data))} eval"
     )
@@ -298,7 +309,7 @@ def distill(
     set_seed(cfg.seed)  # a narrower student and a projection start from fresh weights
     task = get_task(task_name)
     cfg = _watch_task_metric(cfg, task)
-    train_data, eval_data = task.load_data(train_path), task.load_data(eval_path)
+    train_data, eval_data = _training_data(task, train_path), task.load_data(eval_path)
     _check_local(teacher_source)
     tokenizer = _fast_tokenizer(teacher_source)
     teacher = load_trained(str(teacher_source), task.TASK)

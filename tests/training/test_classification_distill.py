@@ -180,3 +180,12 @@ def test_cli_demo_rejects_tasks_it_cannot_build(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path), "--quick", "--tasks", "summarization"])
     assert result.exit_code == 1
     assert "summarization" in result.output
+
+
+def test_training_data_with_one_class_is_refused(tmp_path: Path) -> None:
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"text": f"film {i}", "label": "positive"}) + "\n" for i in range(8)))
+    args = ["teacher", "--train", str(train), "--eval", str(train), "--preset", "bert-tiny"]
+    result = CliRunner().invoke(app, [*args, "--max-steps", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "every example is labelled 'positive'; a classifier needs two classes at least" in result.output

@@ -315,3 +315,23 @@ def test_a_squad_file_read_as_classification_says_which_task_it_is(tmp_path: Pat
     squad.write_text('{"data": []}')
     with pytest.raises(ValueError, match=r"'\.json'.*SQuAD-style QA: pass --task question-answering"):
         load_classification(squad)
+
+
+def test_files_with_a_byte_order_mark_load_as_without(tmp_path: Path) -> None:
+    """Excel writes UTF-8 with a BOM; it must not become part of the first header or JSON line."""
+    tsv, jsonl = tmp_path / "bom.tsv", tmp_path / "bom.jsonl"
+    tsv.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\n", encoding="utf-8-sig")
+    jsonl.write_text(
+        '{"text": "a fine film", "label": "pos"}\n{"text": "dull", "label": "neg"}\n', "utf-8-sig"
+    )
+    assert [e.text for e in load_classification(tsv).examples] == ["a fine film", "a dull film"]
+    assert load_classification(jsonl).label_names == ["neg", "pos"]
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.tsv"
+    latin1.write_bytes("sentence\tlabel\nun film très bon\t1\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.tsv: not UTF-8 text .*save it as UTF-8"):
+        load_classification(latin1)
+    with pytest.raises(ValueError, match=r"latin1\.tsv: not UTF-8 text"):
+        load_text(latin1)

@@ -11,9 +11,10 @@ import csv
 import json
 import random
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from training.data.types import Answer, ClassificationData, ClassificationExample, QAExample, TextData
 
@@ -55,6 +56,19 @@ def load_classification(path: Path | str) -> ClassificationData:
     return ClassificationData(examples=examples, label_names=names, source=str(path))
 
 
+@contextmanager
+def _reading(file: Path, newline: str | None = None) -> Iterator[TextIO]:
+    """The file as UTF-8 text, a leading byte-order mark (as Excel writes one) dropped; bytes that are not
+    UTF-8 are an error naming the file."""
+    try:
+        with file.open(encoding="utf-8-sig", newline=newline) as handle:
+            yield handle
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{file}: not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8"
+        ) from None
+
+
 # (line number, text, raw label) before labels are mapped to ids.
 _Row = tuple[int, str, int | str]
 
@@ -62,7 +76,7 @@ _Row = tuple[int, str, int | str]
 def _read_jsonl_rows(file: Path) -> list[_Row]:
     """One JSON object per line; blank lines are allowed so hand-edited files still load."""
     rows: list[_Row] = []
-    with file.open(encoding="utf-8") as handle:
+    with _reading(file) as handle:
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -86,7 +100,7 @@ def _read_table_rows(file: Path, delimiter: str) -> list[_Row]:
     """Header row first; the text column is `sentence` or `text`, the label column `label`."""
     rows: list[_Row] = []
     # GLUE TSVs are unquoted and contain stray quote characters, so TSV is read without quoting.
-    with file.open(encoding="utf-8", newline="") as handle:
+    with _reading(file, newline="") as handle:
         if delimiter == "\t":
             reader = csv.reader(handle, delimiter=delimiter, quoting=csv.QUOTE_NONE)
         else:
@@ -143,7 +157,7 @@ def load_squad(path: Path | str) -> list[QAExample]:
     """Flatten SQuAD v1.1 articles into one example per question, keeping the article title."""
     file = Path(path)
     try:
-        with file.open(encoding="utf-8") as handle:
+        with _reading(file) as handle:
             doc = json.load(handle)
     except json.JSONDecodeError as err:
         raise ValueError(f"{file}:{err.lineno}: invalid JSON: {err.msg}") from err
@@ -201,7 +215,7 @@ def _field(file: Path, where: str, obj: Any, key: str, kind: type | tuple[type, 
 def load_text(path: Path | str, skip_headings: bool = True) -> list[str]:
     """Non-empty stripped lines; WikiText headings are dropped because they are not prose."""
     lines: list[str] = []
-    with Path(path).open(encoding="utf-8") as handle:
+    with _reading(Path(path)) as handle:
         for line in handle:
             stripped = line.strip()
             if stripped and not (skip_headings and is_heading(stripped)):
