@@ -104,7 +104,9 @@ class TrainConfig:
         if self.metric_mode not in ("max", "min"):
             problems.append(f"metric_mode must be 'max' or 'min', not {self.metric_mode!r}")
         if self.resume is True and self.checkpoint_dir is None:
-            problems.append("resume=True needs checkpoint_dir (or pass resume=<checkpoint path>)")
+            problems.append(
+                "resume needs checkpoint_dir (--resume latest needs --checkpoint-dir; or give a checkpoint)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -298,7 +300,13 @@ class _Checkpoints:
         }
         if changed:
             raise ValueError(f"cannot resume from {path}: {changed}; keep the data, batching and processes")
-        self.accelerator.load_state(str(path))
+        try:
+            self.accelerator.load_state(str(path))
+        except RuntimeError as e:  # torch's load_state_dict: another model's weights (vocabulary, labels)
+            mismatch = str(e).splitlines()[-1].strip()
+            raise ValueError(
+                f"cannot resume from {path}: it holds another model's weights ({mismatch})"
+            ) from e
         state.load_json(saved)
 
     def save(self, state: _LoopState) -> None:

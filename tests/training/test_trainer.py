@@ -152,6 +152,16 @@ def test_a_checkpoint_dir_is_never_reused_by_accident(tmp_path: Path) -> None:
         _run(_cfg(epochs=1, resume=str(tmp_path / "missing")))
 
 
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(_Crash):
+        _run(_cfg(checkpoint_dir=str(tmp_path), checkpoint_every_steps=2), _crashing_after(6))
+    wider = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Dropout(0.1), nn.Linear(64, 2))
+    with pytest.raises(
+        ValueError, match=r"cannot resume from .*step-\d+: it holds another model's weights \(.*size"
+    ):
+        train(wider, _loader(), _step, _cfg(checkpoint_dir=str(tmp_path), resume=True), description="test")
+
+
 def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
     fresh, _ = _run(_cfg(epochs=1))
     resumed, history = _run(_cfg(epochs=1, checkpoint_dir=str(tmp_path / "new"), resume=True))
@@ -255,7 +265,9 @@ def test_fp16_on_cpu_is_refused_not_silently_fp32() -> None:
 
 
 def test_config_rejects_settings_that_would_fail_late() -> None:
-    with pytest.raises(ValueError, match="resume=True needs checkpoint_dir"):
+    with pytest.raises(
+        ValueError, match=r"resume needs checkpoint_dir \(--resume latest needs --checkpoint-dir"
+    ):
         TrainConfig(resume=True)
     with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
         TrainConfig(keep_checkpoints=0)
