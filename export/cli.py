@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, cast, get_args
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from export.pipeline import ExportError, ExportResult, export_model
+from export.pipeline import ExportError, ExportResult, export_model, usage_problems
 from export.variants import ALL_VARIANTS
 from service.manifest import Task
 
@@ -72,8 +72,10 @@ def main(
         console.print(f"[red]{model_dir} is not an HF model directory (no config.json)")
         raise typer.Exit(2)
     wanted = [v.strip() for v in variants.split(",") if v.strip()]
-    if task not in get_args(Task):
-        console.print(f"[red]unknown task {task!r}; choose from {', '.join(get_args(Task))}")
+    problems = usage_problems(task, name, repository, wanted, eval_data)
+    for problem in problems:
+        console.print(f"[red]{problem}")
+    if problems:
         raise typer.Exit(2)
     try:
         with console.status("exporting") as status:
@@ -88,7 +90,7 @@ def main(
                 eval_data,
                 progress=lambda message: status.update(message),
             )
-    except ExportError as e:
+    except (ExportError, ValueError, OSError) as e:  # the model or the data: the user's to fix
         console.print(f"[red]export failed: {e}")
         raise typer.Exit(1) from e
     console.print(_summary(result))
@@ -100,5 +102,9 @@ def main(
     print(result.version_dir, file=sys.stdout)
 
 
+app = typer.Typer(add_completion=False)
+app.command()(main)
+
+
 def run() -> None:
-    typer.run(main)
+    app()

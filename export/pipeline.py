@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from export.tasks import (
 )
 from export.variants import ALL_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION, build_variant
 from service.manifest import (
+    MODEL_NAME_PATTERN,
     DistillationRecord,
     GenerationLayout,
     Manifest,
@@ -161,6 +163,31 @@ def _prepare_parity(
     return _Parity(spec, model, layout, batches, reference, len(from_eval), prompts)
 
 
+def usage_problems(
+    task: str, name: str, repository: Path, variants: Sequence[str], eval_data: Path | None
+) -> list[str]:
+    """What is wrong with the request itself, found before any work (the CLI's usage errors)."""
+    problems = []
+    if task not in SPECS:
+        problems.append(f"unknown task {task!r}; choose from {', '.join(SPECS)}")
+    if not re.fullmatch(MODEL_NAME_PATTERN, name):
+        problems.append(
+            f"name {name!r}: lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    if repository.exists() and not repository.is_dir():
+        problems.append(f"repository {repository} is a file, not a directory")
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
+    if unknown:
+        problems.append(f"unknown variant(s) {unknown}; choose from {', '.join(ALL_VARIANTS)}")
+    if "fp32" not in variants:
+        problems.append(
+            "the fp32 variant is required: it is the reference every other variant is checked with"
+        )
+    if eval_data is not None and not eval_data.is_file():
+        problems.append(f"{eval_data}: no such eval file")
+    return problems
+
+
 def export_model(
     model_dir: Path,
     task: Task,
@@ -173,18 +200,10 @@ def export_model(
     progress: Callable[[str], None] = lambda message: None,
 ) -> ExportResult:
     """Export, gate every variant on parity, and write the ones that pass as the next version."""
-    spec = SPECS.get(task)
-    if spec is None:
-        raise ExportError(f"unknown task {task!r}; choose from {', '.join(SPECS)}")
-    unknown = [v for v in variants if v not in ALL_VARIANTS]
-    if unknown:
-        raise ExportError(f"unknown variant(s) {unknown}; choose from {', '.join(ALL_VARIANTS)}")
-    if "fp32" not in variants:
-        raise ExportError(
-            "the fp32 variant is required: it is the reference every other variant is checked with"
-        )
-    if eval_data is not None and not eval_data.is_file():
-        raise ExportError(f"{eval_data}: no such eval file")
+    problems = usage_problems(task, name, repository, variants, eval_data)
+    if problems:
+        raise ExportError("; ".join(problems))
+    spec = SPECS[task]
 
     progress(f"loading the PyTorch reference from {model_dir}")
     model, tokenizer = load_reference(model_dir, spec)

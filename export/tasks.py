@@ -44,6 +44,9 @@ def load_reference(model_dir: Path, spec: TaskSpec) -> tuple[Any, Any]:
     """The PyTorch model and HF tokenizer the ONNX graph must reproduce."""
     import transformers
 
+    from training.models import check_trained_for
+
+    check_trained_for(transformers.AutoConfig.from_pretrained(model_dir), spec.task, model_dir)
     model = getattr(transformers, spec.auto_class).from_pretrained(model_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer
@@ -132,7 +135,7 @@ def eval_texts(spec: TaskSpec, path: Path, limit: int) -> list[str] | list[tuple
         return [e.text for e in loaders.load_classification(path).examples[:limit]]
     if spec.task == "question-answering":
         return [(e.question, e.context) for e in loaders.load_squad(path)[:limit]]
-    return loaders.load_text(path)[:limit]
+    return loaders.load_text_data(path).lines[:limit]
 
 
 def eval_inputs(

@@ -20,6 +20,9 @@ Precision = Literal["fp32", "fp16", "int8"]
 Device = Literal["cpu", "gpu", "any"]
 
 
+MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"  # a path segment and a URL segment, never "." or ".."
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,7 +109,7 @@ class Manifest(_Strict):
     """Everything the service trusts about one model version."""
 
     schema_version: Literal[1] = 1
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
     version: int = Field(gt=0)
     task: Task
     labels: dict[int, str] = Field(default_factory=dict)

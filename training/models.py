@@ -153,7 +153,29 @@ def load_teacher(
 
 def load_trained(source: str, task: str) -> PreTrainedModel:
     """A model already trained for `task` (a teacher to distil from), head and labels as saved."""
-    return _model_class(task).from_pretrained(source, **_attention_of(AutoConfig.from_pretrained(source)))
+    config = AutoConfig.from_pretrained(source)
+    check_trained_for(config, task, source)
+    return _model_class(task).from_pretrained(source, **_attention_of(config))
+
+
+# How the architecture names of models trained for each task end (BertForMaskedLM, GPT2LMHeadModel, ...).
+TASK_HEADS: dict[str, tuple[str, ...]] = {
+    "text-classification": ("ForSequenceClassification",),
+    "question-answering": ("ForQuestionAnswering",),
+    "fill-mask": ("ForMaskedLM", "ForPreTraining"),
+    "text-generation": ("ForCausalLM", "LMHeadModel"),
+}
+
+
+def check_trained_for(config: PretrainedConfig, task: str, source: object) -> None:
+    """A model said to be trained for `task` must carry that task's head: another one would be replaced
+    by random weights without a word (transformers only warns)."""
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(a.endswith(TASK_HEADS[task]) for a in architectures):
+        raise ValueError(
+            f"{source} holds a {architectures[0]}, not a {task} model: its {task} head would be random "
+            "weights (give the --task it was trained for)"
+        )
 
 
 def default_layer_map(teacher_layers: int, student_layers: int) -> list[int]:

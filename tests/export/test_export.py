@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from typer.testing import CliRunner
 
 from export import parity
+from export.cli import app
 from export.greedy import greedy_onnx, greedy_torch
 from export.pipeline import ExportError, export_model
 from export.tasks import generation_layout
@@ -114,6 +116,71 @@ def test_bad_requests_fail_before_any_work(tiny_models: dict[str, Path], tmp_pat
         export_model(
             tiny_models["fill-mask"], "fill-mask", "m", tmp_path, ("fp32",), eval_data=tmp_path / "x"
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--name", "../evil"], "name '../evil': lowercase letters"),
+        (["--name", "Has Space"], "name 'Has Space'"),
+        (["--variants", "int8"], "fp32 variant is required"),
+        (["--variants", "fp32,fp8"], "unknown variant(s) ['fp8']"),
+        (["--eval-data", "/nowhere.txt"], "/nowhere.txt: no such eval file"),
+        (["--task", "summarization"], "unknown task 'summarization'"),
+    ],
+)
+def test_the_cli_refuses_a_bad_request_before_any_work(
+    tiny_models: dict[str, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    command = [
+        str(tiny_models["fill-mask"]),
+        "--task",
+        "fill-mask",
+        "--name",
+        "m",
+        "--repository",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(app, [*command, *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == []  # nothing made, not even a directory
+
+
+def test_the_cli_says_what_is_wrong_with_the_model_or_data_in_one_line(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    repository_file = tmp_path / "afile"
+    repository_file.touch()
+    mlm = str(tiny_models["fill-mask"])
+    refused = CliRunner().invoke(
+        app, [mlm, "--task", "fill-mask", "--name", "m", "--repository", str(repository_file)]
+    )
+    assert refused.exit_code == 2 and "is a file, not a directory" in refused.output
+
+    wrong_task = CliRunner().invoke(
+        app, [mlm, "--task", "text-classification", "--name", "m", "--repository", str(tmp_path / "r")]
+    )
+    assert wrong_task.exit_code == 1 and "Traceback" not in wrong_task.output
+    assert "ForMaskedLM, not a text-classification model" in " ".join(wrong_task.output.split())
+
+    empty = tmp_path / "empty.txt"
+    empty.touch()
+    no_lines = CliRunner().invoke(
+        app,
+        [
+            mlm,
+            "--task",
+            "fill-mask",
+            "--name",
+            "m",
+            "--repository",
+            str(tmp_path / "r"),
+            "--eval-data",
+            str(empty),
+        ],
+    )
+    assert no_lines.exit_code == 1 and "no text lines found" in " ".join(no_lines.output.split())
 
 
 def test_optimized_and_fp16_variants_keep_the_answers(tiny_models: dict[str, Path], tmp_path: Path) -> None:

@@ -233,3 +233,11 @@ def test_dropout_off_makes_training_mode_deterministic_and_is_saved(family: str,
     model.save_pretrained(tmp_path)
     reloaded = type(model).from_pretrained(tmp_path).train()  # a student cut from it has none either
     assert torch.equal(reloaded(ids).logits, reloaded(ids).logits)
+
+
+def test_a_teacher_trained_for_another_task_is_refused(tiny_models: dict[str, Path]) -> None:
+    """Its head would load as random weights with only a warning: distilling noise, silently."""
+    with pytest.raises(ValueError, match=r"holds a BertForSequenceClassification, not a fill-mask model"):
+        load_trained(str(tiny_models["text-classification"]), "fill-mask")
+    mlm = load_trained(str(tiny_models["fill-mask"]), "fill-mask")
+    assert mlm.config.architectures == ["BertForMaskedLM"]
