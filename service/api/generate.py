@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -26,7 +26,6 @@ from service.generation.sequence import Sequence, TokenEvent
 from service.processors.generation import complete, prepare, start_stream
 
 router = APIRouter(tags=["generation"], route_class=TaskRoute)
-T = TypeVar("T")
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
