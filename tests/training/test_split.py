@@ -72,3 +72,15 @@ def test_cli_split_writes_both_files_and_refuses_an_unknown_task(tmp_path: Path)
     assert (tmp_path / "out" / "train.jsonl").exists() and (tmp_path / "out" / "eval.jsonl").exists()
     bad = CliRunner().invoke(app, ["split", str(source), "--out", str(tmp_path / "x"), "--task", "nope"])
     assert bad.exit_code != 0 and "unknown task" in bad.output
+
+
+def test_a_split_that_leaves_eval_empty_is_refused_before_writing(tmp_path: Path) -> None:
+    source = _sst2(tmp_path / "sst2.tsv", n=50)
+    result = CliRunner().invoke(
+        app, ["split", str(source), "--out", str(tmp_path / "out"), "--eval-fraction", "0"]
+    )
+    assert result.exit_code != 0
+    assert "50 rows leave 0 for eval and 50 for training; raise --eval-fraction" in " ".join(
+        result.output.split()
+    )
+    assert not (tmp_path / "out").exists()

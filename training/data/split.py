@@ -39,6 +39,7 @@ def split_file(task: str, source: Path, out_dir: Path, eval_fraction: float, see
 def _split_classification(source: Path, out_dir: Path, fraction: float, seed: int) -> SplitFiles:
     data = load_classification(source)
     train, evals = split_examples(data.examples, fraction, seed)
+    _require_both(source, len(data.examples), train, evals, "rows")
     paths = out_dir / "train.jsonl", out_dir / "eval.jsonl"
     for path, part in zip(paths, (train, evals), strict=True):
         write_jsonl(path, [{"text": e.text, "label": data.label_names[e.label]} for e in part])
@@ -48,6 +49,7 @@ def _split_classification(source: Path, out_dir: Path, fraction: float, seed: in
 def _split_squad(source: Path, out_dir: Path, fraction: float, seed: int) -> SplitFiles:
     examples = load_squad(source)  # validates every answer offset before anything is written
     train, evals = split_examples(examples, fraction, seed, group=lambda e: e.title)
+    _require_both(source, len(examples), train, evals, "questions (split by article)")
     eval_titles = {e.title for e in evals}
     doc = json.loads(source.read_text(encoding="utf-8"))
     paths = out_dir / "train.json", out_dir / "eval.json"
@@ -61,11 +63,23 @@ def _split_text(source: Path, out_dir: Path, fraction: float, seed: int) -> Spli
     lines = [line.rstrip("\n") for line in source.read_text(encoding="utf-8").splitlines()]
     articles = _articles(lines)
     train, evals = split_examples(articles, fraction, seed)
+    _require_both(source, len(articles), train, evals, "articles (or lines)")
     paths = out_dir / "train.txt", out_dir / "eval.txt"
     for path, part in zip(paths, (train, evals), strict=True):
         write_lines(path, [line for article in part for line in article])
     count = sum(len(a) for a in train), sum(len(a) for a in evals)
     return SplitFiles(*paths, *count)
+
+
+def _require_both(
+    source: Path, total: int, train: Sequence[object], evals: Sequence[object], unit: str
+) -> None:
+    """Refuse, before anything is written, a split that leaves one side empty: each is needed."""
+    if not train or not evals:
+        raise ValueError(
+            f"{source}: {total} {unit} leave {len(evals)} for eval and {len(train)} for training; "
+            "raise --eval-fraction or use a larger file"
+        )
 
 
 def _articles(lines: Sequence[str]) -> list[list[str]]:
