@@ -84,3 +84,9 @@ def test_a_split_that_leaves_eval_empty_is_refused_before_writing(tmp_path: Path
         result.output.split()
     )
     assert not (tmp_path / "out").exists()
+    squad = tmp_path / "train.json"
+    squad.write_text('{"data": []}')
+    as_text = CliRunner().invoke(
+        app, ["split", str(squad), "--out", str(tmp_path / "t"), "--task", "fill-mask"]
+    )
+    assert as_text.exit_code != 0 and "SQuAD-style QA, not plain text" in " ".join(as_text.output.split())

@@ -60,6 +60,10 @@ def _split_squad(source: Path, out_dir: Path, fraction: float, seed: int) -> Spl
 
 
 def _split_text(source: Path, out_dir: Path, fraction: float, seed: int) -> SplitFiles:
+    if source.suffix.lower() == ".json":  # read as text, a SQuAD file is one huge "paragraph"
+        raise ValueError(
+            f"{source}: a .json file is SQuAD-style QA, not plain text: --task question-answering"
+        )
     lines = [line.rstrip("\n") for line in source.read_text(encoding="utf-8").splitlines()]
     articles = _articles(lines)
     train, evals = split_examples(articles, fraction, seed)
