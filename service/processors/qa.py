@@ -91,7 +91,10 @@ def _windows(
                 f"the question is too long: beside it the model's window of {window} tokens keeps "
                 f"{max(room, 0)} for the context, and the context needs at least {window // 4} (a quarter)"
             )
-        return model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
+        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
+    if not any(1 in w.sequence_ids for w in windows):  # e.g. only zero-width spaces or control characters
+        raise InvalidInputError("the context has no text the model can read (it tokenizes to nothing)")
+    return windows
 
 
 def _answers(

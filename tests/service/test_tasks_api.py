@@ -198,6 +198,7 @@ def test_generate_is_greedy_pytorch(client: TestClient, tiny_models: dict[str, P
         ("/v1/qa", {"question": "Who? " * 200, "context": "x"}, 422, "the question is too long"),
         ("/v1/qa", {"question": "who " * 50, "context": "x"}, 422, "keeps 11 for the context"),
         ("/v1/qa", {"question": "Who?", "context": "x", "doc_stride": 40}, 422, "doc_stride: 40 tokens"),
+        ("/v1/qa", {"question": "Who?", "context": "\u200b\u200b"}, 422, "the context has no text the model"),
         ("/v1/generate", {"prompt": ""}, 422, "prompt"),
         ("/v1/generate", {"prompt": "word " * 300}, 422, "window is 64 tokens"),
         ("/v1/generate", {"prompt": "hi", "max_new_tokens": 0}, 422, "max_new_tokens"),
