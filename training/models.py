@@ -171,7 +171,8 @@ def check_trained_for(config: PretrainedConfig, task: str, source: object) -> No
     """A model said to be trained for `task` must carry that task's head: another one would be replaced
     by random weights without a word (transformers only warns)."""
     architectures = getattr(config, "architectures", None) or []
-    if architectures and not any(a.endswith(TASK_HEADS[task]) for a in architectures):
+    heads = TASK_HEADS.get(task)  # an unknown task is refused where the model class is chosen
+    if heads and architectures and not any(a.endswith(heads) for a in architectures):
         raise ValueError(
             f"{source} holds a {architectures[0]}, not a {task} model: its {task} head would be random "
             "weights (give the --task it was trained for)"
