@@ -4,7 +4,8 @@
 
 - classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on (one process,
   and --workers processes) vs DISTILSERVE_MAX_BATCH_SIZE=1 vs a naive FastAPI + transformers pipeline
-  server, at 1, 8 and 64 connections,
+  server, at 1, 8 and 64 connections; and at 64, the same engine and batcher behind a bare ASGI callable
+  (loadtests/bare_server.py), about the most a Python HTTP layer in front of it could serve,
   driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
   batch size in a separate process, as one call on every core and as one single-threaded call per core;
   padding efficiency and mean batch size from the service's own metrics;
@@ -117,13 +118,16 @@ def running(
 
 
 @contextmanager
-def serve(repository: Path, env: dict[str, str]) -> Iterator[str]:
+def serve(
+    repository: Path, env: dict[str, str], module: str = "service", ready: str = "/ready"
+) -> Iterator[str]:
+    """The service (or `module`, a server taking the service's flags) until the block ends; its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "service", "--port", str(port), "--model-repository", str(repository)]
+    command = [sys.executable, "-m", module, "--port", str(port), "--model-repository", str(repository)]
     with running(
         command,
-        lambda process: wait_ready(f"{base}/ready", process),
+        lambda process: wait_ready(f"{base}{ready}", process),
         {"DISTILSERVE_LOG_LEVEL": "warning", **env},
     ):
         yield base
@@ -543,6 +547,14 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
     naive = at.get(("naive", 64))
     if on and naive:
         bar("≥ 3x the naive server", on.rps / naive.rps >= 3.0, f"{on.rps / naive.rps:.1f}x")
+    bare = at.get((BARE, 64))
+    if on and bare:
+        lines += [
+            "",
+            f"For scale: the bare ASGI server (loadtests/bare_server.py: this engine and batcher behind "
+            f"nothing but uvicorn and json) reaches {bare.rps / best_raw:.2f} of best raw, the most a "
+            f"Python HTTP layer gets here; the service reaches {on.rps / bare.rps:.2f} of it.",
+        ]
     return lines
 
 
@@ -621,6 +633,9 @@ def generation_pairs(
     print(f"continuous / one at a time at {streams} streams: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
 
+BARE = "bare ASGI"  # the ceiling reference (loadtests/bare_server.py), at 64 clients only
+
+
 def classification_servers(workers: int) -> list[tuple[str, dict[str, str]]]:
     """The service configurations each classification model is loaded with, by the name the report uses."""
     servers = [("batching", {}), ("batch-1", {"DISTILSERVE_MAX_BATCH_SIZE": "1"})]
@@ -676,6 +691,8 @@ def run(
         for name, env in classification_servers(workers):
             with serve(bench_repo, env) as base:
                 results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
+        with serve(bench_repo, {}, module="loadtests.bare_server", ready="/v1/models") as base:
+            results.append(load(BARE, base, "/v1/classify", model_body, 64, seconds))
         if hf_dir is not None:
             with serve_naive(hf_dir, device) as base:
                 results += [load("naive", base, "/v1/classify", bodies, c, seconds) for c in (1, 8, 64)]

@@ -1,11 +1,14 @@
-"""The service benchmark's own pieces: its streaming client counts what the server sent, its ratios pair
-adjacent measurements, and the report states them."""
+"""The service benchmark's own pieces: its streaming client counts what the server sent, its ceiling
+reference computes what the service does, its ratios pair adjacent measurements, and the report states
+them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from loadtests.http_bench import LoadResult, bars, generation_load, generation_ratios, render
+import httpx
+
+from loadtests.http_bench import BARE, LoadResult, bars, generation_load, generation_ratios, render, serve
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.live_server import live_server
 
@@ -17,6 +20,25 @@ def test_the_streaming_client_counts_every_token_of_every_request(tiny_repositor
     assert g["requests"] >= 3 and g["errors"] == 0
     assert g["tokens"] == 12 * g["requests"]  # ignore_eos: every request streams exactly its 12 tokens
     assert 0 < g["ttft_p50_ms"] <= g["ttft_p99_ms"]
+
+
+def test_the_bare_reference_server_answers_as_the_service_does(tiny_repository: Path) -> None:
+    """Its throughput is only a ceiling for the service's if it does the service's work: same labels."""
+    texts = ["a warm and funny film", "dull", "the plot " * 40]  # the last one past the tiny window
+    model = TASK_MODEL_NAMES["text-classification"]
+    answers = []
+    for module, ready in (("service", "/ready"), ("loadtests.bare_server", "/v1/models")):
+        with serve(tiny_repository, {}, module=module, ready=ready) as base:
+            answers.append(
+                [httpx.post(f"{base}/v1/classify", json={"inputs": t, "model": model}).json() for t in texts]
+            )
+            if module != "service":
+                bad = httpx.post(f"{base}/v1/classify", content=b"{not json")
+                assert bad.status_code == 400
+                metrics = httpx.get(f"{base}/metrics").text  # what the benchmark reads from it
+                assert f'distilserve_batch_size_count{{model="{model}"}} 3.0' in metrics
+    service, bare = answers
+    assert bare == service and all(len(row) == 1 and row[0]["label"] for row in bare)
 
 
 def pair(engine: str, streams: int, rate: float, index: int) -> dict:
@@ -63,7 +85,7 @@ def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
         result("batching, 2 workers", 64, 900),
         result("naive", 64, 100),
     ]
-    assert bars(loads, 1000.0, "cpu")[2:] == [
+    assert bars(loads, 1000.0, "cpu")[2:7] == [
         "- served ÷ best raw ≥ 0.80: 0.70 (batching), 0.90 (batching, 2 workers) ✔",
         "- batching ÷ batch 1 ≥ 1x: 1.40x ✔",
         "- padding efficiency ≥ 0.85: 0.90 ✔",
@@ -71,6 +93,8 @@ def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
         "- ≥ 3x the naive server: 7.0x ✔",
     ]
     assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in bars(loads, 1000.0, "gpu")
+    with_bare = bars([*loads, result(BARE, 64, 875)], 1000.0, "cpu")[-1]
+    assert "reaches 0.88 of best raw" in with_bare and "the service reaches 0.80 of it" in with_bare
     loads[2].engine_busy = 0.5
     section = {"raw": {"b8": 1000.0}, "load": loads}
     report = render({"m": section}, [], [])
