@@ -552,8 +552,9 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
         lines += [
             "",
             f"For scale: the bare ASGI server (loadtests/bare_server.py: this engine and batcher behind "
-            f"nothing but uvicorn and json) reaches {bare.rps / best_raw:.2f} of best raw, the most a "
-            f"Python HTTP layer gets here; the service reaches {on.rps / bare.rps:.2f} of it.",
+            f"nothing but uvicorn and json) reaches {bare.rps / best_raw:.2f} of best raw, about the most "
+            f"a Python HTTP layer gets from this engine here; the service reaches {on.rps / bare.rps:.2f} "
+            "of it.",
         ]
     return lines
 
