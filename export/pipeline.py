@@ -248,8 +248,19 @@ def export_model(
         if not tokenizer_file.is_file():
             raise ExportError(f"{model_dir} has no fast tokenizer (tokenizer.json); the service needs one")
         files = {VARIANT_FILES[v]: r.path for v, r in passed.items()} | {"tokenizer.json": tokenizer_file}
+        rejected = {r.variant: "; ".join(r.problems) for r in result.variants if not r.passed}
         manifest_for = _manifest_builder(
-            name, spec, model, tokenizer, max_length, passed, fp32, tokenizer_file, parity.layout, model_dir
+            name,
+            spec,
+            model,
+            tokenizer,
+            max_length,
+            passed,
+            rejected,
+            fp32,
+            tokenizer_file,
+            parity.layout,
+            model_dir,
         )
         progress(f"writing {name} into {repository}")
         result.version_dir = write_version(repository, name, files, manifest_for)
@@ -263,6 +274,7 @@ def _manifest_builder(
     tokenizer: Any,
     max_length: int,
     passed: dict[str, VariantResult],
+    rejected: dict[str, str],
     fp32: Path,
     tokenizer_file: Path,
     layout: GenerationLayout | None,
@@ -311,6 +323,7 @@ def _manifest_builder(
             inputs=inputs,
             outputs=outputs,
             variants=variant_specs,
+            rejected_variants=rejected,
             tokenizer=tokenizer_spec,
             special_tokens=special,
             generation=layout,

@@ -117,6 +117,9 @@ class Manifest(_Strict):
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
     variants: dict[str, VariantSpec] = Field(min_length=1)
+    # Variants export built or tried and left out, with why (failed its parity gate, could not be built):
+    # an operator asking "why is this model on fp32" reads the answer here and in GET /v1/models.
+    rejected_variants: dict[str, str] = Field(default_factory=dict)
     tokenizer: TokenizerSpec
     special_tokens: SpecialTokens = SpecialTokens()
     generation: GenerationLayout | None = None

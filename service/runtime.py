@@ -185,6 +185,7 @@ class ServedModel:
             "labels": [m.labels[i] for i in sorted(m.labels)],
             "max_sequence_length": m.max_sequence_length,
             "variants": sorted(m.variants),
+            "rejected_variants": m.rejected_variants,
             "mask_token": self.encoder.id_to_token(mask)
             if mask is not None and m.task == "fill-mask"
             else None,

@@ -234,6 +234,10 @@ class ModelCard(BaseModel):
     max_sequence_length: int
     mask_token: str | None
     variants: list[str]
+    rejected_variants: dict[str, str] = Field(
+        description="Variants the export left out of this version, with why (e.g. int8 outside its "
+        "parity gate): the reason `variant` is what it is."
+    )
     distillation: dict[str, Any] | None
 
 

@@ -96,6 +96,7 @@ def test_a_variant_that_fails_its_gate_is_reported_and_not_written(
     manifest = json.loads((result.version_dir / "manifest.json").read_text())
     assert set(manifest["variants"]) == {"fp32"}
     assert not (result.version_dir / "model.int8.onnx").exists()
+    assert manifest["rejected_variants"] == {"int8": "; ".join(int8.problems)}  # why, for the operator
 
 
 def test_nothing_is_written_when_fp32_fails(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
+from export.variants import ALL_VARIANTS
 from service.app import create_app
 from service.engine import Engine, EngineError
 from service.repository import ModelVersion
@@ -144,6 +145,10 @@ def test_health_ready_and_models(settings: Settings) -> None:
     assert card["workers"] == 1 and card["instances"] >= 1 and card["threads_per_instance"] >= 1
     assert card["labels"] == ["negative", "positive"]
     assert card["distillation"]["metric"] == "accuracy"
+    # every variant the export was asked for is either in the version or has its reason for being left out
+    assert set(card["variants"]) | set(card["rejected_variants"]) == set(ALL_VARIANTS)
+    assert not set(card["variants"]) & set(card["rejected_variants"])
+    assert all(card["rejected_variants"].values())
 
 
 BAD_REQUESTS = [
