@@ -60,6 +60,15 @@ def _require_file(path: Path | None, flag: str) -> Path:
     return path
 
 
+def _check_out(out: Path, source: str | None, flag: str) -> None:
+    """Saving over the model being read would replace it with the result: refuse before any training."""
+    if source is not None and Path(source).exists() and out.resolve() == Path(source).resolve():
+        raise typer.BadParameter(
+            f"{out} is the {flag} directory: the result would overwrite it; write it elsewhere",
+            param_hint="'--out'",
+        )
+
+
 def _check_task(task: str) -> str:
     if task not in TASKS:
         raise typer.BadParameter(f"unknown task {task!r}; available: {', '.join(TASKS)}", param_hint="--task")
@@ -223,6 +232,7 @@ def teacher(
     _setup_threads(threads)
     console = Console()
     source = preset if preset is not None else str(model)
+    _check_out(out, model, "--model")
     with _user_errors(console):
         cfg = _train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
@@ -324,6 +334,7 @@ def distill_command(
     """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
     task = _check_task(task)
     train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    _check_out(out, teacher, "--teacher")
     student = distill_config(
         task,
         layers=layers,

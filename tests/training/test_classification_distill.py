@@ -169,6 +169,31 @@ def test_cli_requires_data_files(command: str, tmp_path: Path) -> None:
     assert "'--train': missing" in result.output and "demo" in result.output
 
 
+@pytest.mark.parametrize("command", ["teacher", "distill"])
+def test_cli_refuses_to_write_over_the_model_it_reads(command: str, tmp_path: Path) -> None:
+    model = tmp_path / "teacher"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"text": "a film", "label": "positive"}) + "\n")
+    source = ["--model", str(model)] if command == "teacher" else ["--teacher", str(model)]
+    args = [
+        command,
+        *source,
+        "--train",
+        str(data),
+        "--eval",
+        str(data),
+        "--out",
+        str(model / ".." / "teacher"),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    message = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps it
+    assert f"is the {source[0]} directory: the result would overwrite it" in message
+    assert [p.name for p in model.iterdir()] == ["config.json"]
+
+
 def test_cli_help_lists_every_command() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
