@@ -93,6 +93,9 @@ def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
         "- ≥ 3x the naive server: 7.0x ✔",
     ]
     assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in bars(loads, 1000.0, "gpu")
+    # with --workers, batching is also set against batch 1 run with as many processes
+    same_processes = bars([*loads, result("batch-1, 2 workers", 64, 600)], 1000.0, "cpu")
+    assert "- batching ÷ batch 1 ≥ 1x: 1.40x (1 process), 1.50x (2 workers) ✔" in same_processes
     with_bare = bars([*loads, result(BARE, 64, 875)], 1000.0, "cpu")[-1]
     assert "reaches 0.88 of best raw" in with_bare and "the service reaches 0.80 of it" in with_bare
     loads[2].engine_busy = 0.5
