@@ -1,9 +1,12 @@
-"""Run optimum's exporter for one task and describe the graph it wrote."""
+"""Export one task's graph (optimum's exporter, or distilserve's own graph where it has one) and describe
+the graph written."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -29,10 +32,13 @@ _ONNX_DTYPES: dict[int, TensorDType] = {
 
 
 def export_onnx(model_dir: Path, task: Task, out_dir: Path, opset: int | None = None) -> Path:
-    """Export `model_dir` into `out_dir` (optimum's exporter, or distilserve's appending decoder for a
-    GPT-2); returns the path of `model.onnx`, written beside the tokenizer and config files."""
+    """Export `model_dir` into `out_dir` (optimum's exporter; distilserve's own graphs for a GPT-2, the
+    appending decoder, and for fill-mask, the mask-scoring graph); returns the path of `model.onnx`,
+    written beside the tokenizer and config files."""
     if task == "text-generation" and _appending(model_dir):
         return _export_appending(model_dir, out_dir, opset)
+    if task == "fill-mask":
+        return _export_mask_scoring(model_dir, out_dir, opset)
     from optimum.exporters.onnx import main_export  # heavy: imported only when exporting
 
     main_export(
@@ -57,17 +63,41 @@ def _appending(model_dir: Path) -> bool:
     return appends(AutoConfig.from_pretrained(model_dir))
 
 
-def _export_appending(model_dir: Path, out_dir: Path, opset: int | None) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _export_mask_scoring(model_dir: Path, out_dir: Path, opset: int | None) -> Path:
+    from export.mask_scoring import export_mask_scoring
 
+    def write(model: Any, tokenizer: Any, path: Path) -> None:
+        if tokenizer.mask_token_id is None:
+            raise ValueError(f"{model_dir}: the tokenizer has no mask token, so nothing to fill")
+        token_types = "token_type_ids" in tokenizer.model_input_names
+        export_mask_scoring(model, tokenizer.mask_token_id, token_types, path, opset or DEFAULT_OPSET)
+
+    return _export_own_graph(model_dir, out_dir, "AutoModelForMaskedLM", write)
+
+
+def _export_appending(model_dir: Path, out_dir: Path, opset: int | None) -> Path:
     from export.appending_decoder import export_appending_decoder
 
+    def write(model: Any, tokenizer: Any, path: Path) -> None:
+        export_appending_decoder(model, path, opset or DEFAULT_OPSET)
+
+    return _export_own_graph(model_dir, out_dir, "AutoModelForCausalLM", write)
+
+
+def _export_own_graph(
+    model_dir: Path, out_dir: Path, auto_class: str, write: Callable[[Any, Any, Path], None]
+) -> Path:
+    """One of distilserve's own graphs, written by `write(model, tokenizer, path)`, beside the model's
+    config (the optimized variant's ORT optimizer reads the model type) and tokenizer, as optimum does."""
+    import transformers
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = getattr(transformers, auto_class).from_pretrained(model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     path = out_dir / "model.onnx"
-    export_appending_decoder(model, path, opset or DEFAULT_OPSET)
-    model.config.save_pretrained(out_dir)  # the optimized variant's ORT optimizer reads the model type
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_dir)
+    write(model, tokenizer, path)
+    model.config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
     return path
 
 

@@ -149,7 +149,7 @@ def _prepare_parity(
     batches = generated_inputs(spec, tokenizer, model.config, max_length, seed)
     from_eval = eval_inputs(spec, tokenizer, eval_data, max_length) if eval_data is not None else []
     batches += from_eval
-    reference = [torch_outputs(model, spec, b) for b in batches]
+    reference = [torch_outputs(model, spec, b, tokenizer.mask_token_id) for b in batches]
     prompts: list[list[int]] = []
     if layout is not None:
         source = from_eval or batches
@@ -216,7 +216,7 @@ def export_model(
         work = Path(tmp)
         export_dir = work / "onnx"
         started = time.perf_counter()
-        progress("exporting to ONNX with optimum")
+        progress("exporting to ONNX")
         fp32 = export_onnx(model_dir, task, export_dir, opset)
         built = {"fp32": (fp32, time.perf_counter() - started)}
         for variant in [v for v in ALL_VARIANTS if v in variants and v != "fp32"]:

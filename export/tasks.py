@@ -33,7 +33,8 @@ SPECS: dict[str, TaskSpec] = {
         ("start_logits", "end_logits"),
         True,
     ),
-    "fill-mask": TaskSpec("fill-mask", "fill-mask", "AutoModelForMaskedLM", ("logits",), True),
+    # the mask-scoring graph's logits: [batch, 1, vocab], one row a text (export.mask_scoring)
+    "fill-mask": TaskSpec("fill-mask", "fill-mask", "AutoModelForMaskedLM", ("logits",), False),
     "text-generation": TaskSpec(
         "text-generation", "text-generation-with-past", "AutoModelForCausalLM", ("logits",), True
     ),
@@ -57,7 +58,14 @@ def position_ids(attention_mask: np.ndarray, past_length: int = 0) -> np.ndarray
     return np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None).astype(np.int64) + past_length
 
 
-def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds) -> Outputs:
+def first_mask_positions(input_ids: np.ndarray, mask_token_id: int) -> np.ndarray:
+    """Each row's first mask position, 0 where there is none: what the mask-scoring graph scores."""
+    return np.argmax(input_ids == mask_token_id, axis=1)
+
+
+def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds, mask_token_id: int | None = None) -> Outputs:
+    """What the exported graph must reproduce: the model's outputs (for fill-mask, at each row's first mask
+    only, as export.mask_scoring's graph scores them: [batch, 1, vocab])."""
     import torch
 
     inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
@@ -66,7 +74,12 @@ def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds) -> Outputs:
         inputs.pop("token_type_ids", None)
     with torch.no_grad():
         out = model(**inputs)
-    return {name: getattr(out, name).float().numpy() for name in spec.outputs}
+    outputs = {name: getattr(out, name).float().numpy() for name in spec.outputs}
+    if spec.task == "fill-mask":
+        assert mask_token_id is not None
+        rows = first_mask_positions(feeds["input_ids"], mask_token_id)
+        outputs["logits"] = outputs["logits"][np.arange(len(rows)), rows][:, None]
+    return outputs
 
 
 def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
@@ -108,7 +121,7 @@ def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayou
 def generated_inputs(spec: TaskSpec, tokenizer: Any, config: Any, max_length: int, seed: int) -> list[Feeds]:
     """Random token batches of varied lengths and sizes (for a decoder: no [CLS]/[SEP] framing)."""
     decoder = spec.task == "text-generation"
-    return generated_batches(
+    batches = generated_batches(
         vocab_size=int(config.vocab_size),
         special_ids=tokenizer.all_special_ids,
         max_length=max_length,
@@ -118,6 +131,13 @@ def generated_inputs(spec: TaskSpec, tokenizer: Any, config: Any, max_length: in
         seed=seed,
         with_token_types="token_type_ids" in tokenizer.model_input_names,
     )
+    if spec.task == "fill-mask":  # one mask a row, anywhere between [CLS] and [SEP], as a client sends it
+        rng = np.random.default_rng(seed)
+        for feeds in batches:
+            for row, length in enumerate(feeds["attention_mask"].sum(axis=1)):
+                if length > 2:
+                    feeds["input_ids"][row, rng.integers(1, length - 1)] = tokenizer.mask_token_id
+    return batches
 
 
 def _pad_id(tokenizer: Any) -> int:
