@@ -35,6 +35,7 @@ class RequestContext:
     queue_s: float | None = None  # the longest wait of the request's items: they queue side by side
     inference_s: float | None = None  # the engine calls the request took part in, each counted once
     truncated: int | None = None  # None: nothing was checked against a window (no header)
+    items: int = 1  # the request's batch (texts, pairs or prompts), once the route has checked its size
     _batches: set[int] = field(default_factory=set, repr=False)
 
     def add_tokenize(self, seconds: float) -> None:

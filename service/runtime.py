@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from service.batching import BatchPolicy, MicroBatcher
+from service.batching import BatchPolicy, BatchStats, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores
-from service.generation.engine import GenerationEngine
-from service.generation.runner import DecoderRunner
+from service.generation.engine import EngineHooks, GenerationEngine
+from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence as GenSequence
@@ -20,6 +20,7 @@ from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion
 from service.settings import Settings
+from service.stats import ModelStats
 from service.tasks.classification import with_probabilities
 from service.tokenization import EncodedText, TextEncoder, pad_batch
 
@@ -148,6 +149,7 @@ class ServedModel:
     runner: EncoderRunner | None = None  # encoder tasks: requests batch through the micro-batcher
     batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] | None = None
     generator: GenerationEngine | None = None  # text generation: the continuous-batching engine
+    stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics, this process's share
 
     def start(self) -> None:
         """Start the batcher or the generation loop (inside the running event loop)."""
@@ -221,8 +223,7 @@ def _generation_engine(
     encoder: TextEncoder,
     executor: ThreadPoolExecutor,
     settings: Settings,
-    metrics: Metrics,
-    name: str,
+    hooks: EngineHooks,
 ) -> GenerationEngine:
     config = SchedulerConfig(
         max_running=settings.gen_max_batch,
@@ -235,9 +236,38 @@ def _generation_engine(
         encoder.text_stream,
         layout.eos_token_id,
         executor,
-        metrics.generation_hooks(name),
+        hooks,
         stream_interval_s=settings.gen_stream_interval_ms / 1000.0,
     )
+
+
+def counting_batches(
+    observe: Callable[[BatchStats], None], stats: ModelStats
+) -> Callable[[BatchStats], None]:
+    """The micro-batcher's report of each engine call, to the metrics and to the model's statistics."""
+
+    def on_batch(batch: BatchStats) -> None:
+        observe(batch)
+        if not batch.failed:
+            stats.observe_execution(batch.size, batch.run_s)
+
+    return on_batch
+
+
+def counting_steps(hooks: EngineHooks, stats: ModelStats) -> EngineHooks:
+    """The generation engine's hooks, with each step's prefill and decode calls also counted as the
+    model's executions (on the engine thread, as the step hook runs)."""
+    observe = hooks.on_step
+
+    def on_step(plan: StepPlan, result: StepResult) -> None:
+        if observe is not None:
+            observe(plan, result)
+        if plan.prefill:
+            stats.observe_execution(len(plan.prefill), result.prefill_s)
+        if plan.decode:
+            stats.observe_execution(len(plan.decode), result.decode_s)
+
+    return replace(hooks, on_step=on_step)
 
 
 def load_model(
@@ -260,9 +290,8 @@ def load_model(
     name = manifest.name
     served = ServedModel(version, variant, engine, encoder, executor, plan)
     if manifest.generation is not None:
-        served.generator = _generation_engine(
-            manifest.generation, engine, encoder, executor, settings, metrics, name
-        )
+        hooks = counting_steps(metrics.generation_hooks(name), served.stats)
+        served.generator = _generation_engine(manifest.generation, engine, encoder, executor, settings, hooks)
     else:
         gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
         finish = with_probabilities if manifest.task == "text-classification" else None
@@ -282,7 +311,7 @@ def load_model(
             cost=len,
             executor=executor,
             concurrency=plan.instances,
-            on_batch=metrics.for_model(name).observe_batch,
+            on_batch=counting_batches(metrics.for_model(name).observe_batch, served.stats),
             on_queue_depth=metrics.for_model(name).queue_depth.set,
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)

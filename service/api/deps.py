@@ -13,6 +13,7 @@ from fastapi import Request
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError
 from service.registry import ModelRegistry
+from service.request_context import current
 from service.runtime import ServedModel
 from service.settings import Settings
 
@@ -30,10 +31,12 @@ class Collaborators:
     registry: ModelRegistry
 
     def check_batch(self, count: int) -> None:
+        """Refuse more than the per-request cap; note the request's batch (the model's inference count)."""
         if count > self.settings.max_client_batch:
             raise InvalidInputError(
                 f"inputs: {count} items, at most {self.settings.max_client_batch} per request"
             )
+        current().items = count
 
     def texts(self, inputs: str | list[str]) -> list[str]:
         texts = [inputs] if isinstance(inputs, str) else inputs
@@ -66,9 +69,11 @@ async def get_registry(request: Request) -> ModelRegistry:
 
 
 def label_request(request: Request, model: ServedModel) -> None:
-    """Tell the metrics middleware which model and task this request was for."""
+    """Tell the metrics middleware which model and task this request was for, and where its statistics
+    go (the object itself: no lookup per request)."""
     request.state.model = model.name
     request.state.task = model.manifest.task
+    request.state.stats = model.stats
 
 
 def require_json(request: Request) -> None:

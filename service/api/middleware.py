@@ -1,4 +1,5 @@
-"""Counts every request for work by model, task and status, and times it end to end (pure ASGI).
+"""Counts every request for work by model, task and status, and times it end to end (pure ASGI); a
+request for a model also goes into that model's statistics (`service.stats`, Triton's /v2/.../stats).
 
 Reads (GET, HEAD, OPTIONS: probes, metadata, /metrics, /docs) are not counted: they would show as requests
 refused before a model was chosen, the one thing an empty model label means.
@@ -12,7 +13,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.drain import READS
 from service.metrics import Metrics
-
+from service.request_context import current
+from service.stats import ModelStats
 
 class RequestMetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -37,8 +39,12 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send_and_record)
         finally:
             self.metrics.in_flight.dec()
+            elapsed = time.perf_counter() - started
             state = scope.get("state", {})
             model, task = state.get("model", ""), state.get("task", "")
             count, duration = self.metrics.request_series(model, task, status)
             count.inc()
-            duration.observe(time.perf_counter() - started)
+            duration.observe(elapsed)
+            stats: ModelStats | None = state.get("stats")
+            if stats is not None:
+                stats.observe_request(status < 400, elapsed, current())
