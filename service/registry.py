@@ -47,6 +47,12 @@ class ModelRegistry:
             raise ModelNotFoundError(f"model {name!r} has no version {version} (has {sorted(versions)})")
         return versions[version]
 
+    def versions(self, name: str) -> list[ServedModel]:
+        """Every served version of `name`, lowest first (ModelNotFoundError when it is not served)."""
+        self.get(name)
+        versions = self._by_name[name]
+        return [versions[v] for v in sorted(versions)]
+
     def resolve(self, task: str, name: str | None = None, version: int | None = None) -> ServedModel:
         """The pinned model, else the first model (by name) serving `task`.
 

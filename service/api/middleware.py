@@ -1,8 +1,9 @@
 """Counts every request for work by model, task and status, and times it end to end (pure ASGI); a
 request for a model also goes into that model's statistics (`service.stats`, Triton's /v2/.../stats).
 
-Reads (GET, HEAD, OPTIONS: probes, metadata, /metrics, /docs) are not counted: they would show as requests
-refused before a model was chosen, the one thing an empty model label means.
+Reads (GET, HEAD, OPTIONS: probes, metadata, /metrics, /docs, and v2's repository index, a POST that only
+reads) are not counted: they would show as requests refused before a model was chosen, the one thing an
+empty model label means.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from service.metrics import Metrics
 from service.request_context import current
 from service.stats import ModelStats
 
+POSTED_READS = frozenset({"/v2/repository/index"})
+
+
 class RequestMetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in READS:
+        if scope["type"] != "http" or scope["method"] in READS or scope["path"] in POSTED_READS:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()

@@ -17,7 +17,8 @@ Requests are v2 JSON or the binary tensor data extension (see `v2_schemas`), opt
 compressed; `outputs` selects outputs and how each travels (`binary_data`, `classification`);
 `parameters.timeout` (microseconds) shortens the request's deadline. Results equal the /v1 endpoints'.
 Failures are `{"error": message}`: 400 for any bad request (v2 has no 422), 404 for an unknown model or
-version, 429 when overloaded, 503 while starting or draining, 504 past the deadline.
+version, 429 when overloaded, 503 while starting or draining, 504 past the deadline. Triton's model
+configuration, repository index and statistics extensions are in `v2_extensions`.
 """
 
 from __future__ import annotations
@@ -69,7 +70,14 @@ from service.runtime import ServedModel
 log = logging.getLogger(__name__)
 
 PLATFORM = "onnxruntime_onnx"
-EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "parameters",
+    "model_configuration",  # service.api.v2_extensions
+    "model_repository",  # the index only: the repository is fixed at start-up
+    "statistics",
+]
 M = TypeVar("M", bound=BaseModel)
 _MAX_VERSION_DIGITS = 18  # any real version fits an int64; longer ones could exceed int()'s digit limit
 
@@ -117,7 +125,17 @@ class V2Route(APIRoute):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 404, 429, 503, 504)}
-router = APIRouter(prefix="/v2", tags=["v2 (Open Inference Protocol)"], route_class=V2Route, responses=ERRORS)
+
+
+def v2_router() -> APIRouter:
+    """A router of /v2 routes that answer in the v2 shape."""
+    return APIRouter(
+        prefix="/v2", tags=["v2 (Open Inference Protocol)"], route_class=V2Route, responses=ERRORS
+    )
+
+
+router = v2_router()
+infer_router = v2_router()  # the hot path, matched before every v2 read (service.api.add_routes)
 
 
 # -- the per-task interface -------------------------------------------------------------------------------
@@ -315,7 +333,9 @@ async def served(request: Request) -> Collaborators:
     return await collaborators(request)
 
 
-def _find(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
+def find_model(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
+    """The named model's version, or its highest without one; a version string that is no number is a
+    version the model does not have (404), as one it lacks."""
     if version is None:
         return registry.get(name)
     if not _is_version_number(version):
@@ -329,7 +349,7 @@ def _is_version_number(version: str) -> bool:
 
 
 def _versions(registry: ModelRegistry, name: str) -> list[int]:
-    return [m.manifest.version for m in registry.all() if m.name == name]
+    return [m.manifest.version for m in registry.versions(name)]
 
 
 def _reply(content: bytes, header_length: int | None, accept_encoding: str | None) -> Response:
@@ -353,7 +373,7 @@ def _as_classifications(
 
 
 async def infer(request: Request, c: Collaborators, name: str, version: str | None) -> Response:
-    model = _find(c.registry, name, version)
+    model = find_model(c.registry, name, version)
     label_request(request, model)
     task = TASKS[model.manifest.task]
     body = decompress(
@@ -403,7 +423,7 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Resp
     state = request.app.state
     if not getattr(state, "ready", False) or getattr(state, "registry", None) is None:
         return Response(status_code=400)
-    _find(state.registry, name, version)
+    find_model(state.registry, name, version)
     return Response(status_code=200)
 
 
@@ -419,23 +439,23 @@ async def model_version_ready(request: Request, name: str, version: str) -> Resp
 
 @router.get("/models/{name}", response_model=ModelMetadata, summary="Model metadata: the task's tensors.")
 async def get_model_metadata(name: str, c: Collaborators = Depends(served)) -> ModelMetadata:
-    return model_metadata(_find(c.registry, name, None), _versions(c.registry, name))
+    return model_metadata(find_model(c.registry, name, None), _versions(c.registry, name))
 
 
 @router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, summary="Version metadata.")
 async def get_model_version_metadata(
     name: str, version: str, c: Collaborators = Depends(served)
 ) -> ModelMetadata:
-    model = _find(c.registry, name, version)
+    model = find_model(c.registry, name, version)
     return model_metadata(model, [model.manifest.version])
 
 
-@router.post("/models/{name}/infer", summary="Infer with the highest version (JSON or binary tensors).")
+@infer_router.post("/models/{name}/infer", summary="Infer with the highest version (JSON or binary tensors).")
 async def infer_latest(request: Request, name: str, c: Collaborators = Depends(served)) -> Response:
     return await infer(request, c, name, None)
 
 
-@router.post("/models/{name}/versions/{version}/infer", summary="Infer with a pinned version.")
+@infer_router.post("/models/{name}/versions/{version}/infer", summary="Infer with a pinned version.")
 async def infer_version(
     request: Request, name: str, version: str, c: Collaborators = Depends(served)
 ) -> Response:
