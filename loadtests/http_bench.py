@@ -4,8 +4,9 @@
 
 - classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
   DISTILSERVE_MAX_BATCH_SIZE=1, each in one process and in --workers processes, vs a naive FastAPI +
-  transformers pipeline server, at 1, 8 and 64 connections; and at 64, the same engine and batcher behind a bare ASGI callable
-  (loadtests/bare_server.py), about the most a Python HTTP layer in front of it could serve,
+  transformers pipeline server, at 1, 8 and 64 connections; and at 64, the same engine and batcher
+  behind a bare ASGI callable (loadtests/bare_server.py), about the most a Python HTTP layer in front of
+  it could serve,
   driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
   batch size in a separate process, as one call on every core and as one single-threaded call per core;
   padding efficiency and mean batch size from the service's own metrics;
