@@ -21,6 +21,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from loadtests.shapes import MINILM_BERT_CONFIG
+
 console = Console(stderr=True)
 SHAPES = ((1, 24), (8, 32), (32, 32), (8, 128))  # (texts, tokens each)
 MASK_ID = 103  # BERT's [MASK]
@@ -35,14 +37,7 @@ def export_both(work: Path) -> dict[str, Path]:
     from export.variants import build_int8
 
     model_dir = work / "hf"
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        intermediate_size=1536,
-        max_position_embeddings=512,
-    )
+    config = BertConfig(**MINILM_BERT_CONFIG)
     BertForMaskedLM(config).save_pretrained(model_dir)
     vocab = model_dir / "vocab.txt"  # a WordPiece vocabulary with [MASK] at BERT's id
     specials = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", MASK_ID: "[MASK]"}

@@ -39,6 +39,7 @@ import httpx
 import typer
 from rich.console import Console
 
+from loadtests.shapes import MINILM_BERT_CONFIG
 from loadtests.texts import CONTEXT, QUESTIONS, reviews
 
 console = Console(stderr=True)
@@ -437,12 +438,7 @@ def minilm_shaped(demo: Path, repository: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(demo / "text-classification" / "student")
     config = BertConfig(
-        vocab_size=30522,
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        intermediate_size=1536,
-        max_position_embeddings=512,
+        **MINILM_BERT_CONFIG,
         num_labels=2,
         id2label={0: "negative", 1: "positive"},
         label2id={"negative": 0, "positive": 1},
