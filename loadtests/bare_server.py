@@ -110,7 +110,7 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 if __name__ == "__main__":
-    settings = parse_cli(sys.argv[1:])
+    settings = parse_cli(sys.argv[1:], prog="python -m loadtests.bare_server")
     configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
         BareClassifier(settings),

@@ -110,10 +110,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def parse_cli(argv: list[str] | None = None) -> Settings:
+def parse_cli(argv: list[str] | None = None, prog: str = "python -m service") -> Settings:
     """Flags override env vars, which override defaults; `--help` lists every knob."""
     parser = argparse.ArgumentParser(
-        prog="python -m service",
+        prog=prog,
         description="Serve a distilserve model repository over HTTP. Every flag is also DISTILSERVE_<NAME>.",
     )
     for name, field in Settings.model_fields.items():
