@@ -20,6 +20,7 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
+COPY common ./common
 COPY service ./service
 COPY training ./training
 COPY export ./export
