@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from common.cli import one_command_app, print_error, print_warning
+from common.progress import ProgressLog
 from export.pipeline import ExportError, ExportResult, export_model, usage_problems
 from export.variants import ALL_VARIANTS
 from service.manifest import Task
@@ -41,7 +43,32 @@ def _summary(result: ExportResult) -> Table:
 def _explain_skipped(result: ExportResult) -> None:
     for r in result.variants:
         if not r.passed:
-            console.print(f"[yellow]{r.variant} not written: {'; '.join(r.problems)}")
+            print_warning(f"{r.variant} not written: {'; '.join(r.problems)}")
+
+
+def _export(
+    model_dir: Path,
+    task: Task,
+    name: str,
+    repository: Path,
+    variants: list[str],
+    opset: int | None,
+    seed: int,
+    eval_data: Path | None,
+) -> ExportResult:
+    """The export, followable: a spinner naming its step on a terminal, else plain lines at an interval."""
+    with (
+        console.status("exporting") as status,
+        ProgressLog.beside(console, "export") as progress_log,
+    ):
+
+        def progress(message: str) -> None:
+            status.update(message)
+            progress_log.update(status=message)
+
+        return export_model(
+            model_dir, task, name, repository, variants, opset, seed, eval_data, progress=progress
+        )
 
 
 def main(
@@ -69,41 +96,29 @@ def main(
     """Export a model to ONNX, check every variant against PyTorch, write the next repository version."""
     logging.basicConfig(level=logging.WARNING)
     if not (model_dir / "config.json").is_file():
-        console.print(f"[red]{model_dir} is not an HF model directory (no config.json)")
+        print_error(f"{model_dir} is not an HF model directory (no config.json)")
         raise typer.Exit(2)
     wanted = [v.strip() for v in variants.split(",") if v.strip()]
     problems = usage_problems(task, name, repository, wanted, eval_data)
     for problem in problems:
-        console.print(f"[red]{problem}")
+        print_error(problem)
     if problems:
         raise typer.Exit(2)
     try:
-        with console.status("exporting") as status:
-            result = export_model(
-                model_dir,
-                cast(Task, task),
-                name,
-                repository,
-                wanted,
-                opset,
-                seed,
-                eval_data,
-                progress=lambda message: status.update(message),
-            )
+        result = _export(model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data)
     except (ExportError, ValueError, OSError) as e:  # the model or the data: the user's to fix
-        console.print(f"[red]export failed: {e}")
+        print_error(f"export failed: {e}")
         raise typer.Exit(1) from e
     console.print(_summary(result))
     _explain_skipped(result)
     if result.version_dir is None:
-        console.print("[red]fp32 failed its parity gate: nothing written")
+        print_error("fp32 failed its parity gate: nothing written")
         raise typer.Exit(1)
     console.print(f"[green]wrote {result.version_dir}")
     print(result.version_dir, file=sys.stdout)
 
 
-app = typer.Typer(add_completion=False)
-app.command()(main)
+app = one_command_app(main)
 
 
 def run() -> None:

@@ -16,6 +16,7 @@ import torch
 import typer
 from rich.console import Console
 
+from common.cli import cli_app, print_error
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
 from training.models import PRESETS
@@ -23,11 +24,9 @@ from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, dist
 from training.runs import TASKS, distill, train_teacher
 from training.trainer import TrainConfig
 
-app = typer.Typer(
+app = cli_app(
     help="Distil BERT/GPT-2 teachers into small students (PyTorch + HF transformers), for four tasks.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 DATA_HELP = (
@@ -90,12 +89,12 @@ def _check_precision(value: str) -> Literal["no", "fp16", "bf16"]:
 
 
 @contextmanager
-def _user_errors(console: Console) -> Iterator[None]:
+def _user_errors() -> Iterator[None]:
     """Bad data or an impossible model shape is the user's to fix: say so in one line, exit 1."""
     try:
         yield
     except (ValueError, OSError) as err:
-        console.print(f"[red]error:[/] {err}")
+        print_error(str(err))
         raise typer.Exit(1) from err
 
 
@@ -233,7 +232,7 @@ def teacher(
     console = Console()
     source = preset if preset is not None else str(model)
     _check_out(out, model, "--model")
-    with _user_errors(console):
+    with _user_errors():
         cfg = _train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
             lr=lr if lr is not None else (task_defaults.preset_lr if preset else task_defaults.finetune_lr),
@@ -349,7 +348,7 @@ def distill_command(
     task_defaults = defaults(task)
     _setup_threads(threads)
     console = Console()
-    with _user_errors(console):
+    with _user_errors():
         cfg = _train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
             lr=lr if lr is not None else task_defaults.student_lr,
@@ -396,7 +395,7 @@ def demo(
     _setup_threads(threads)
     console = Console()
     chosen = [t.strip() for t in tasks.split(",") if t.strip()]
-    with _user_errors(console):
+    with _user_errors():
         pairs = run_demo(out, chosen, seed=seed, quick=quick, console=console)
     for task, (teacher_dir, student_dir) in pairs.items():
         console.print(f"[bold]{task}[/]: teacher {teacher_dir}  student {student_dir}")
@@ -414,7 +413,7 @@ def split(
 ) -> None:
     """Carve train and eval files out of one data file (SQuAD by article, WikiText by article)."""
     console = Console()
-    with _user_errors(console):
+    with _user_errors():
         files = split_file(_check_task(task), source, out, eval_fraction, seed)
     console.print(f"train: {files.train} ({files.n_train})  eval: {files.eval} ({files.n_eval})")
 

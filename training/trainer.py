@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, broadcast_object_list, set_seed
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -39,6 +40,7 @@ from rich.progress import (
 from torch.utils.data import DataLoader
 from transformers import get_linear_schedule_with_warmup
 
+from common.progress import ProgressLog
 from training.losses import LossTerms
 from training.models import set_dropout
 
@@ -233,6 +235,8 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, objec
 
 
 def _progress(enabled: bool) -> Progress:
+    """A bar on a terminal; where it cannot draw (a log file, a pipe) a `ProgressLog` beside it speaks."""
+    console = Console()
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -241,7 +245,8 @@ def _progress(enabled: bool) -> Progress:
         TextColumn("{task.fields[speed]:>6.0f} ex/s"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        disable=not enabled,
+        console=console,
+        disable=not enabled or not console.is_terminal,
     )
 
 
@@ -437,12 +442,19 @@ def train(
     saver = _Checkpoints(accelerator, cfg, batches_per_epoch=len(loader))
     if resume_from is not None:
         saver.restore(resume_from, state)
-    with _progress(accelerator.is_main_process) as progress:
+    main_process = accelerator.is_main_process
+    with (
+        _progress(main_process) as progress,
+        ProgressLog.beside(
+            progress.console, description, total_steps, enabled=main_process, completed=state.step
+        ) as progress_log,
+    ):
         bar = progress.add_task(
             description, total=total_steps, completed=state.step, loss=math.nan, speed=0.0
         )
         while state.epoch < cfg.epochs and state.step < total_steps and not state.stopper.should_stop:
             model.train()
+            progress_log.update(status=f"epoch {state.epoch + 1}/{cfg.epochs}")
             batches = _epoch_batches(accelerator, loader, state.epoch, state.batches, cfg.seed)
             state.started = time.perf_counter()
             micro_losses, micro_batches = torch.zeros(3, device=accelerator.device), 0
@@ -467,13 +479,17 @@ def train(
                 micro_losses, micro_batches = torch.zeros_like(micro_losses), 0
                 state.record_step(losses, scheduler.get_last_lr()[0])
                 mean_loss = state.epoch_loss / state.epoch_steps
-                progress.update(bar, advance=1, loss=mean_loss, speed=state.examples / state.elapsed())
+                speed = state.examples / state.elapsed()
+                progress.update(bar, advance=1, loss=mean_loss, speed=speed)
+                progress_log.update(advance=1, loss=f"{mean_loss:.4f}", speed=f"{speed:.0f} ex/s")
                 if state.step >= total_steps:
                     break
                 if saver.due(state.step):
                     saver.save(state)
 
+            progress_log.update(status=f"epoch {state.epoch + 1}/{cfg.epochs}, evaluating")
             record = _end_epoch(accelerator, model, cfg, state, evaluate, best)
+            progress_log.update(status=f"epoch {state.epoch}/{cfg.epochs} done")
             saver.save(state)
             if accelerator.is_main_process:
                 hidden = ("step", "seconds", "examples")

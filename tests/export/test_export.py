@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,7 @@ def test_the_cli_refuses_a_bad_request_before_any_work(
     ]
     result = CliRunner().invoke(app, [*command, *args])
     assert result.exit_code == 2, result.output
-    assert message in " ".join(result.output.split())
+    assert message in result.output
     assert list(tmp_path.iterdir()) == []  # nothing made, not even a directory
 
 
@@ -157,13 +158,17 @@ def test_the_cli_says_what_is_wrong_with_the_model_or_data_in_one_line(
     refused = CliRunner().invoke(
         app, [mlm, "--task", "fill-mask", "--name", "m", "--repository", str(repository_file)]
     )
-    assert refused.exit_code == 2 and "is a file, not a directory" in refused.output
+    assert refused.exit_code == 2
+    assert f"error: repository {repository_file} is a file, not a directory\n" in refused.output
 
     wrong_task = CliRunner().invoke(
         app, [mlm, "--task", "text-classification", "--name", "m", "--repository", str(tmp_path / "r")]
     )
     assert wrong_task.exit_code == 1 and "Traceback" not in wrong_task.output
-    assert "ForMaskedLM, not a text-classification model" in " ".join(wrong_task.output.split())
+    (line,) = [line for line in wrong_task.output.splitlines() if line.startswith("error: ")]
+    assert (
+        line.startswith("error: export failed: ") and "ForMaskedLM, not a text-classification model" in line
+    )
 
     empty = tmp_path / "empty.txt"
     empty.touch()
@@ -181,7 +186,24 @@ def test_the_cli_says_what_is_wrong_with_the_model_or_data_in_one_line(
             str(empty),
         ],
     )
-    assert no_lines.exit_code == 1 and "no text lines found" in " ".join(no_lines.output.split())
+    assert no_lines.exit_code == 1
+    (line,) = [line for line in no_lines.output.splitlines() if line.startswith("error: ")]
+    assert "no text lines found" in line
+
+
+def test_the_cli_in_a_log_says_what_it_is_doing_at_an_interval(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Output that is not a terminal gets no spinner: a plain line every DISTILSERVE_PROGRESS_INTERVAL_S."""
+    monkeypatch.setenv("DISTILSERVE_PROGRESS_INTERVAL_S", "0.01")
+    args = ["--task", "fill-mask", "--name", "m", "--repository", str(tmp_path), "--variants", "fp32"]
+    result = CliRunner().invoke(app, [str(tiny_models["fill-mask"]), *args])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("export: ")]
+    assert any(line.startswith("export: exporting to ONNX, elapsed") for line in lines), (
+        lines
+    )  # the slow step
+    assert re.fullmatch(rf"export: writing m into {tmp_path}, elapsed \d+:\d\d", lines[-1])  # the last one
 
 
 def test_optimized_and_fp16_variants_keep_the_answers(tiny_models: dict[str, Path], tmp_path: Path) -> None:

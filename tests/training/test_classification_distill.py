@@ -189,8 +189,9 @@ def test_cli_refuses_to_write_over_the_model_it_reads(command: str, tmp_path: Pa
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
-    message = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps it
-    assert f"is the {source[0]} directory: the result would overwrite it" in message
+    assert (
+        f"is the {source[0]} directory: the result would overwrite it; write it elsewhere\n" in result.output
+    )
     assert [p.name for p in model.iterdir()] == ["config.json"]
 
 

@@ -80,13 +80,11 @@ def test_a_split_that_leaves_eval_empty_is_refused_before_writing(tmp_path: Path
         app, ["split", str(source), "--out", str(tmp_path / "out"), "--eval-fraction", "0"]
     )
     assert result.exit_code != 0
-    assert "50 rows leave 0 for eval and 50 for training; raise --eval-fraction" in " ".join(
-        result.output.split()
-    )
+    assert "50 rows leave 0 for eval and 50 for training; raise --eval-fraction" in result.output
     assert not (tmp_path / "out").exists()
     squad = tmp_path / "train.json"
     squad.write_text('{"data": []}')
     as_text = CliRunner().invoke(
         app, ["split", str(squad), "--out", str(tmp_path / "t"), "--task", "fill-mask"]
     )
-    assert as_text.exit_code != 0 and "SQuAD-style QA, not plain text" in " ".join(as_text.output.split())
+    assert as_text.exit_code != 0 and "SQuAD-style QA, not plain text" in as_text.output

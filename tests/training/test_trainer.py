@@ -4,6 +4,8 @@ gradient accumulation and mixed precision. Every run is a few dozen CPU steps.""
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -280,3 +282,24 @@ def test_config_rejects_settings_that_would_fail_late() -> None:
 def test_a_dropout_setting_holds_for_the_run() -> None:
     model, _ = _run(_cfg(epochs=1, dropout=0.0), dropout=0.5)
     assert all(m.p == 0.0 for m in model.modules() if isinstance(m, nn.Dropout))
+
+
+def test_a_run_whose_output_is_not_a_terminal_prints_plain_progress_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a log no bar draws: a line every DISTILSERVE_PROGRESS_INTERVAL_S seconds (here 10 ms) instead."""
+    monkeypatch.setenv("DISTILSERVE_PROGRESS_INTERVAL_S", "0.01")
+
+    def slow_step(model: nn.Module, batch: Batch, teacher: nn.Module | None) -> LossTerms:
+        time.sleep(0.005)
+        return _step(model, batch, teacher)
+
+    _run(_cfg(epochs=2), slow_step)  # 16 steps, ~0.1 s
+    lines = [line for line in capsys.readouterr().out.splitlines() if "/16 steps" in line]
+    during = (
+        r"test: epoch [12]/2, ([1-9]|1[0-5])/16 steps \(\d+%\), [\d.]+ steps/s, elapsed [\d:]+, ETA [\d:]+,"
+    )
+    assert any(re.match(during, line) for line in lines), lines  # written while the run went on
+    assert re.fullmatch(
+        r"test: epoch 2/2 done, 16/16 steps \(100%\), .*, loss [\d.]+, speed \d+ ex/s", lines[-1]
+    )
