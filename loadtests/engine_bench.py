@@ -28,6 +28,9 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from common.cli import cli_app, print_warning
+from common.progress import ProgressLog
+
 console = Console(stderr=True)
 BATCHES = (1, 32)
 # Engines per device; an ONNX engine's name is the variant it runs (plus `-host`: numpy in and out).
@@ -219,7 +222,7 @@ def _exported(model_dir: Path, task: str, repository: Path, eval_data: Path | No
         raise RuntimeError(f"{model_dir}: fp32 failed its parity gate")
     for r in result.variants:
         if not r.passed:
-            console.print(f"[yellow]{task} {model_dir.name}: {r.variant} skipped ({'; '.join(r.problems)})")
+            print_warning(f"{task} {model_dir.name}: {r.variant} skipped ({'; '.join(r.problems)})")
     return result.version_dir
 
 
@@ -287,7 +290,7 @@ def plot(rows: list[Row], device: str, out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-app = typer.Typer(add_completion=False, help=__doc__)
+app = cli_app(help=__doc__)
 
 
 @app.command("measure")
@@ -319,7 +322,7 @@ def run_command(
 ) -> None:
     """Export every demo teacher and student, then time torch vs every ORT variant at batch 1 and 32."""
     if device not in ENGINES:
-        raise typer.BadParameter(f"--device must be one of {', '.join(ENGINES)}")
+        raise typer.BadParameter(f"must be one of {', '.join(ENGINES)}", param_hint="'--device'")
     pairs = [
         (d.name, role)
         for d in sorted(demo.iterdir())
@@ -328,12 +331,17 @@ def run_command(
     ]
     engines = ENGINES[device]
     rows: list[Row] = []
-    with Progress(console=console) as progress:
-        bar = progress.add_task("engine benchmark", total=len(pairs) * len(engines))
+    total = len(pairs) * len(engines)
+    with (
+        Progress(console=console, disable=not console.is_terminal) as progress,
+        ProgressLog.beside(console, "engine benchmark", total, unit="measurements") as progress_log,
+    ):
+        bar = progress.add_task("engine benchmark", total=total)
         for task, role in pairs:
             model_dir = demo / task / role
             eval_file = demo / "data" / DEMO_EVAL[task]
             progress.update(bar, description=f"{task} {role}: export")
+            progress_log.update(status=f"{task} {role}: export")
             eval_data = eval_file if eval_file.is_file() else None
             version = _exported(model_dir, task, exports / task / role, eval_data, device)
             manifest = json.loads((version / "manifest.json").read_text())
@@ -341,17 +349,19 @@ def run_command(
             row = Row(task, role, _params(model_dir), sizes, {})
             for engine in engines:
                 progress.update(bar, description=f"{task} {role} {engine}")
+                progress_log.update(status=f"{task} {role} {engine}")
                 if engine.startswith("torch") or engine.removesuffix("-host") in manifest["variants"]:
                     target = model_dir if engine.startswith("torch") else version
                     for b, ms in zip(BATCHES, _spawn(engine, target, seq, threads, device), strict=True):
                         row.ms[(engine, b)] = ms
                 progress.advance(bar)
+                progress_log.update(advance=1)
             rows.append(row)
     table = render(rows, seq, threads, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table, encoding="utf-8")
     plot(rows, device, out.with_suffix(".png"))
-    console.print(table)
+    console.print(table, soft_wrap=True)  # markdown to copy: never wrapped
     console.print(f"wrote {out} and {out.with_suffix('.png')}")
 
 

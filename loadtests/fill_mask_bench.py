@@ -21,6 +21,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from common.cli import one_command_app
+from common.progress import ProgressLog
 from loadtests.shapes import MINILM_BERT_CONFIG
 
 console = Console(stderr=True)
@@ -91,12 +93,16 @@ def main(
     with tempfile.TemporaryDirectory(prefix="fill-mask-bench-") as tmp:
         graphs = export_both(Path(tmp))
         runs: dict[str, list[dict[tuple[int, int], float]]] = {name: [] for name in graphs}
-        for r in range(rounds):
-            for name, path in graphs.items():
-                runs[name].append(time_graph(path, device, seconds))
-                console.print(
-                    f"round {r + 1}: {name} " + ", ".join(f"{v:.2f}" for v in runs[name][-1].values())
-                )
+        timings = rounds * len(graphs)
+        with ProgressLog.beside(console, "fill-mask bench", timings, unit="timings") as progress_log:
+            for r in range(rounds):
+                for name, path in graphs.items():
+                    progress_log.update(status=f"round {r + 1}: {name}")
+                    runs[name].append(time_graph(path, device, seconds))
+                    progress_log.update(advance=1)
+                    console.print(
+                        f"round {r + 1}: {name} " + ", ".join(f"{v:.2f}" for v in runs[name][-1].values())
+                    )
     median = {
         name: {shape: statistics.median(run[shape] for run in per_round) for shape in SHAPES}
         for name, per_round in runs.items()
@@ -122,8 +128,10 @@ def main(
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    console.print("\n".join(lines))
+    console.print("\n".join(lines), soft_wrap=True)  # markdown to copy: never wrapped
 
+
+app = one_command_app(main)
 
 if __name__ == "__main__":
-    typer.run(main)
+    app()

@@ -39,11 +39,13 @@ import httpx
 import typer
 from rich.console import Console
 
+from common.cli import cli_app
+from common.progress import ProgressLog
 from loadtests.shapes import MINILM_BERT_CONFIG
 from loadtests.texts import CONTEXT, QUESTIONS, reviews
 
 console = Console(stderr=True)
-app = typer.Typer(add_completion=False, help=__doc__)
+app = cli_app(help=__doc__)
 
 WRK_SCRIPT = r"""
 local bodies = {}
@@ -627,17 +629,21 @@ def generation_pairs(
 ) -> None:
     """Continuous batching vs one at a time, alternating, each on a fresh server: the ratios and spread."""
     ratios = []
-    for i in range(pairs):
-        rates = {}
-        for engine, env in GENERATION_ENGINES:
-            with serve(repository, env) as base:
-                g = generation_load(base, "lm", streams, seconds)
-            rates[engine] = g["tokens_per_s"]
-            console.print(
-                f"  pair {i + 1} {engine:>13}: {g['tokens_per_s']:6.0f} tokens/s, TTFT p50 "
-                f"{g['ttft_p50_ms']:.0f} ms, errors {g['errors']}, client CPU {g['client_cpu']:.0%}"
-            )
-        ratios.append(rates["continuous"] / rates["one-at-a-time"])
+    total = pairs * len(GENERATION_ENGINES)
+    with ProgressLog.beside(console, "generation bench", total, unit="measurements") as progress_log:
+        for i in range(pairs):
+            rates = {}
+            for engine, env in GENERATION_ENGINES:
+                progress_log.update(status=f"pair {i + 1} {engine}")
+                with serve(repository, env) as base:
+                    g = generation_load(base, "lm", streams, seconds)
+                progress_log.update(advance=1)
+                rates[engine] = g["tokens_per_s"]
+                console.print(
+                    f"  pair {i + 1} {engine:>13}: {g['tokens_per_s']:6.0f} tokens/s, TTFT p50 "
+                    f"{g['ttft_p50_ms']:.0f} ms, errors {g['errors']}, client CPU {g['client_cpu']:.0%}"
+                )
+            ratios.append(rates["continuous"] / rates["one-at-a-time"])
     print(f"continuous / one at a time at {streams} streams: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
 
@@ -678,7 +684,7 @@ def run(
 ) -> None:
     """Run every measurement of the service benchmark once and write the report."""
     if device not in ("cpu", "gpu"):
-        raise typer.BadParameter("--device must be cpu or gpu")
+        raise typer.BadParameter("must be cpu or gpu", param_hint="'--device'")
     console.rule("models")
     bench_repo = work
     if bench_repo.resolve() != repository.resolve():  # a prepared one (e.g. carried to a GPU host) is kept
@@ -691,41 +697,60 @@ def run(
         os.environ["DISTILSERVE_REQUIRE_GPU"] = "1"
     bodies = [json.dumps({"inputs": t}) for t in reviews(2000, seed=2)]
     classification: dict[str, Any] = {}
-    for model, hf_dir in (("sentiment", demo / "text-classification" / "student"), ("minilm-shaped", None)):
-        console.rule(f"classification: {model}")
-        version = max((bench_repo / model).iterdir(), key=lambda p: int(p.name))
-        raw = raw_engine(version, device)
-        console.print(f"  raw engine sequences/s: {raw}")
-        results = []
-        model_body = [json.dumps({"inputs": json.loads(b)["inputs"], "model": model}) for b in bodies]
-        for name, env in classification_servers(workers):
-            with serve(bench_repo, env) as base:
-                results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
-        with serve(bench_repo, {}, module="loadtests.bare_server", ready="/v1/models") as base:
-            results.append(load(BARE, base, "/v1/classify", model_body, 64, seconds))
-        if hf_dir is not None:
-            with serve_naive(hf_dir, device) as base:
-                results += [load("naive", base, "/v1/classify", bodies, c, seconds) for c in (1, 8, 64)]
-        classification[model] = {"raw": raw, "load": results}
-    others: list[LoadResult] = []
-    generation: list[dict] = []
-    with serve(bench_repo, {}) as base:
-        console.rule("QA and fill-mask")
-        qa = [json.dumps({"model": "qa", "question": q, "context": CONTEXT}) for q in QUESTIONS]
-        masks = [
-            json.dumps({"model": "fill-mask", "inputs": t.replace("film", "[MASK]", 1)})
-            for t in reviews(500, seed=4)
-            if "film" in t
-        ]
-        for task, path, task_bodies in (("qa", "/v1/qa", qa), ("fill-mask", "/v1/fill-mask", masks)):
-            result = load(task, base, path, task_bodies, 8, seconds)
-            others.append(result)
-    console.rule("generation: continuous vs one at a time, alternating")
-    for streams in (1, 4, 16):
-        for pair in range(GENERATION_PAIRS if streams == 16 else 1):
+    servers = classification_servers(workers)
+    runs = [
+        (streams, pair) for streams in (1, 4, 16) for pair in range(GENERATION_PAIRS if streams == 16 else 1)
+    ]
+    # What a log is told: per classification model the raw engine, 3 loads per server and the bare server
+    # (the demo student's naive baseline 3 more), QA and fill-mask, every generation measurement.
+    total = 2 * (2 + 3 * len(servers)) + 3 + 2 + len(runs) * len(GENERATION_ENGINES)
+    with ProgressLog.beside(console, "http bench", total, unit="measurements") as progress_log:
+        for model, hf_dir in (
+            ("sentiment", demo / "text-classification" / "student"),
+            ("minilm-shaped", None),
+        ):
+            console.rule(f"classification: {model}")
+            progress_log.update(status=f"classification: {model}")
+            version = max((bench_repo / model).iterdir(), key=lambda p: int(p.name))
+            raw = raw_engine(version, device)
+            progress_log.update(advance=1)
+            console.print(f"  raw engine sequences/s: {raw}")
+            results = []
+            model_body = [json.dumps({"inputs": json.loads(b)["inputs"], "model": model}) for b in bodies]
+            for name, env in servers:
+                with serve(bench_repo, env) as base:
+                    results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
+                progress_log.update(advance=3)
+            with serve(bench_repo, {}, module="loadtests.bare_server", ready="/v1/models") as base:
+                results.append(load(BARE, base, "/v1/classify", model_body, 64, seconds))
+            progress_log.update(advance=1)
+            if hf_dir is not None:
+                with serve_naive(hf_dir, device) as base:
+                    results += [load("naive", base, "/v1/classify", bodies, c, seconds) for c in (1, 8, 64)]
+                progress_log.update(advance=3)
+            classification[model] = {"raw": raw, "load": results}
+        others: list[LoadResult] = []
+        generation: list[dict] = []
+        with serve(bench_repo, {}) as base:
+            console.rule("QA and fill-mask")
+            progress_log.update(status="QA and fill-mask")
+            qa = [json.dumps({"model": "qa", "question": q, "context": CONTEXT}) for q in QUESTIONS]
+            masks = [
+                json.dumps({"model": "fill-mask", "inputs": t.replace("film", "[MASK]", 1)})
+                for t in reviews(500, seed=4)
+                if "film" in t
+            ]
+            for task, path, task_bodies in (("qa", "/v1/qa", qa), ("fill-mask", "/v1/fill-mask", masks)):
+                result = load(task, base, path, task_bodies, 8, seconds)
+                others.append(result)
+                progress_log.update(advance=1)
+        console.rule("generation: continuous vs one at a time, alternating")
+        progress_log.update(status="generation")
+        for streams, pair in runs:
             for engine, env in GENERATION_ENGINES:
                 with serve(bench_repo, env) as base:
                     g = generation_load(base, "lm", streams, seconds) | {"engine": engine, "pair": pair}
+                progress_log.update(advance=1)
                 console.print(
                     f"  {engine} {streams} streams: {g['tokens_per_s']:.0f} tok/s, "
                     f"TTFT p50 {g['ttft_p50_ms']:.0f} ms"
