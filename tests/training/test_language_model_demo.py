@@ -114,8 +114,11 @@ def test_cli_teacher_trains_a_fill_mask_preset(
 
 
 @pytest.mark.parametrize("command", ["teacher", "distill"])
-def test_cli_help_lists_every_option_and_the_task_defaults(command: str) -> None:
-    result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+def test_cli_help_lists_every_option_and_the_task_defaults(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich's help reads the width from here (narrower: names cut with …)
+    result = CliRunner().invoke(app, [command, "--help"])
     assert result.exit_code == 0
     options = [
         "--task",
