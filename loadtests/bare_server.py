@@ -15,7 +15,6 @@ Not a server to deploy: bad input is a 400 with no more than the exception's tex
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import uvicorn
 
-from service.app import load_models
+from service.app import LocalEngine
 from service.logs import configure_logging
 from service.metrics import Metrics
 from service.processors.classification import classify
@@ -87,17 +86,15 @@ class BareClassifier:
 
     @asynccontextmanager
     async def _models(self) -> AsyncIterator[None]:
-        models = await asyncio.to_thread(load_models, self.settings, self.metrics, ort_engine_factory)
-        for m in models:
-            await asyncio.to_thread(m.warm_up)
-            m.start()
-        self.registry = ModelRegistry(models)
+        """The engine in this process, as the service's in-process mode runs it (no IPC hop)."""
+        engine = LocalEngine(
+            self.settings.model_copy(update={"warmup": True}), self.metrics, ort_engine_factory
+        )
+        self.registry = ModelRegistry(await engine.open())
         try:
             yield
         finally:
-            await asyncio.gather(*(m.close() for m in models))
-            for m in models:
-                m.executor.shutdown(wait=True)
+            await engine.close()
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -1,14 +1,16 @@
-"""`python -m service [--flags]`: serve the model repository with uvicorn (`--workers N`: N processes)."""
+"""`python -m service [--flags]`: serve the model repository: an engine core and HTTP frontends."""
 
 from __future__ import annotations
 
-from service.app import StartupError, create_app
+import logging
+import os
+
+from service.launcher import supervise
 from service.logs import configure_logging
-from service.metrics import clear_multiprocess_dir
 from service.runtime import EngineFactory, ort_engine_factory
-from service.server import serve
 from service.settings import parse_cli
-from service.workers import supervise
+
+log = logging.getLogger("distilserve")
 
 
 def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engine_factory) -> None:
@@ -19,14 +21,12 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory = ort_engi
             "`make models`, or point --model-repository (DISTILSERVE_MODEL_REPOSITORY) at yours"
         )
     configure_logging(settings.log_level, settings.log_format)
-    if settings.workers > 1:
-        raise SystemExit(supervise(settings, engine_factory))
-    clear_multiprocess_dir()  # one process told to keep multiprocess metric files: start from none
-    try:
-        app = create_app(settings, engine_factory)
-    except StartupError as e:
-        raise SystemExit(f"distilserve: {e}") from e
-    serve(app, settings)
+    if os.environ.get("DISTILSERVE_WORKERS"):
+        log.warning(
+            "DISTILSERVE_WORKERS is gone: the models now load once, in one engine core, behind "
+            "DISTILSERVE_FRONTENDS HTTP frontends (see docs/deployment.md); ignoring it"
+        )
+    raise SystemExit(supervise(settings, engine_factory))
 
 
 if __name__ == "__main__":

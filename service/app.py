@@ -1,4 +1,4 @@
-"""The app factory and its lifespan: load the repository, warm up, start batchers; drain on shutdown."""
+"""The app factory and its lifespan: connect to the engine (or load it here), serve; drain on shutdown."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI
 
@@ -17,40 +18,71 @@ from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.middleware import RequestMetricsMiddleware
+from service.ipc import Executions
 from service.metrics import Metrics
 from service.registry import ModelRegistry
-from service.repository import RepositoryError, scan_repository
 from service.request_context import TextLimits
-from service.runtime import EngineFactory, ServedModel, load_model, ort_engine_factory
+from service.runtime import EngineFactory, EngineModel, StartupError, load_engine_models, ort_engine_factory
+from service.served import ServedModel, local_models
 from service.settings import Settings
+
+__all__ = ["StartupError", "create_app"]
 
 log = logging.getLogger(__name__)
 
 
-class StartupError(RuntimeError):
-    """The service cannot serve anything useful; start-up stops with this message."""
+class EngineConnection(Protocol):
+    """Where a frontend's models run: in this process, or in the engine core process (service.client)."""
+
+    async def open(self) -> list[ServedModel]: ...
+
+    @property
+    def available(self) -> bool: ...
+
+    async def executions(self) -> list[Executions]:
+        """What the engine ran, per model version (Triton's statistics)."""
+        ...
+
+    async def close(self) -> None: ...
 
 
-def load_models(settings: Settings, metrics: Metrics, engine_factory: EngineFactory) -> list[ServedModel]:
-    scan = scan_repository(settings.model_repository)
-    for error in scan.errors:
-        log.error("skipping a broken model version: %s", error)
-    if scan.errors and settings.strict_repository:
-        raise StartupError("; ".join(str(e) for e in scan.errors))
-    if not scan.versions:
-        problems = "; ".join(str(e) for e in scan.errors) or "no <name>/<version>/manifest.json found"
-        raise StartupError(f"no servable model in {settings.model_repository}: {problems}")
-    models: list[ServedModel] = []
-    for version in scan.versions:
-        try:
-            models.append(load_model(version, settings, metrics, engine_factory))
-        except (RepositoryError, ValueError) as e:
-            if settings.strict_repository:
-                raise StartupError(str(e)) from e
-            log.error("skipping %s: %s", version.directory, e)
-    if not models:
-        raise StartupError(f"no model in {settings.model_repository} could be loaded")
-    return models
+class LocalEngine:
+    """The engine in this process: the models are loaded, warmed and batched here (tests, embedding)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, engine_factory: EngineFactory) -> None:
+        self.settings, self.metrics, self.engine_factory = settings, metrics, engine_factory
+        self.models: list[EngineModel] = []
+
+    async def open(self) -> list[ServedModel]:
+        self.models, _ = await asyncio.to_thread(
+            load_engine_models, self.settings, self.metrics, self.engine_factory
+        )
+        if self.settings.warmup:
+            for m in self.models:
+                await asyncio.to_thread(m.warm_up)
+        for m in self.models:
+            m.start()
+        return local_models(self.models, self.settings, self.metrics)
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    async def executions(self) -> list[Executions]:
+        return [m.executions() for m in self.models]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(m.close() for m in self.models))
+
+
+def engine_connection(
+    settings: Settings, metrics: Metrics, engine_factory: EngineFactory
+) -> EngineConnection:
+    if settings.engine_address:
+        from service.client import RemoteEngine
+
+        return RemoteEngine(settings, metrics)
+    return LocalEngine(settings, metrics, engine_factory)
 
 
 def create_app(
@@ -70,14 +102,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = False
-        models = await asyncio.to_thread(load_models, settings, metrics, engine_factory)
+        engine = engine_connection(settings, metrics, engine_factory)
+        app.state.engine = engine
+        models = await engine.open()
         app.state.registry = ModelRegistry(models)
         app.state.collaborators = Collaborators(settings, metrics, app.state.registry)
-        if settings.warmup:
-            for m in models:
-                await asyncio.to_thread(m.warm_up)
-        for m in models:
-            m.start()
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
         if loaded is not None:
@@ -87,9 +116,7 @@ def create_app(
         finally:
             app.state.ready = False
             drain.begin()
-            await asyncio.gather(*(m.close() for m in models))
-            for m in models:
-                m.executor.shutdown(wait=True)
+            await engine.close()
 
     app = FastAPI(
         title="distilserve",

@@ -13,13 +13,14 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class DeadlineExceededError(Exception):
 
 class BatcherClosedError(Exception):
     """The batcher is draining for shutdown and takes no new work (HTTP 503)."""
+
+
+class QueueTooSmallError(ValueError):
+    """A request needs more sequences at once than the whole queue holds: never servable (HTTP 422)."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,55 @@ class ItemTiming:
     batch: int | None = None  # which engine call (unique per process): a request's items may share one
 
 
+class Outcome(Protocol[R_contra]):
+    """Where an item's result goes: an asyncio future (`submit`) or a `Ticket` (`enqueue`)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: R_contra, /) -> None: ...
+
+    def set_exception(self, error: BaseException, /) -> None: ...
+
+
+class Ticket(Generic[R]):
+    """An enqueued item's outcome, handed to a callback once (on the event loop)."""
+
+    __slots__ = ("_callback", "_done", "pending", "timer")
+
+    def __init__(self, callback: Callable[[R | None, BaseException | None], None]) -> None:
+        self._callback = callback
+        self._done = False
+        self.pending: _Pending[Any, R] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: R, /) -> None:
+        if self._finish():
+            self._callback(result, None)
+
+    def set_exception(self, error: BaseException, /) -> None:
+        if self._finish():
+            self._callback(None, error)
+
+    def cancel(self) -> None:
+        self._finish()
+
+    def _finish(self) -> bool:
+        if self._done:
+            return False
+        self._done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        return True
+
+
 @dataclass(eq=False)
 class _Pending(Generic[T, R]):
     item: T
     cost: int
-    future: asyncio.Future[R]
+    future: Outcome[R]
     enqueued_at: float
     deadline: float | None
     seq: int
@@ -183,33 +232,16 @@ class MicroBatcher(Generic[T, R]):
         """Refuse `count` items together unless the queue can hold them all (a request's windows or texts:
         queueing some of them and refusing the rest computes for nobody)."""
         if count > self.policy.max_queue:
-            raise ValueError(f"{count} sequences at once; the queue holds at most {self.policy.max_queue}")
+            raise QueueTooSmallError(
+                f"{count} sequences at once; the queue holds at most {self.policy.max_queue}"
+            )
         if len(self._queue) + count > self.policy.max_queue:
             raise QueueFullError(self._retry_after_s())
 
     async def submit(self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None) -> R:
-        if self._closing:
-            raise BatcherClosedError("the server is shutting down and takes no new work")
-        if len(self._queue) >= self.policy.max_queue:
-            raise QueueFullError(self._retry_after_s())
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
         future: asyncio.Future[R] = loop.create_future()
-        pending = _Pending(
-            item=item,
-            cost=max(1, self._cost(item)),
-            future=future,
-            enqueued_at=now,
-            deadline=None if timeout_s is None else now + timeout_s,
-            seq=next(self._seq),
-            timing=timing,
-        )
-        with self._work:
-            if self._closing:  # again under the lock: engine threads stop once they see it and no work
-                raise BatcherClosedError("the server is shutting down and takes no new work")
-            self._queue.append(pending)
-            self._work.notify()
-        self._report_depth()
+        pending = self._enqueue(item, future, timeout_s, timing)
         # One timer, not wait_for(shield(...)): those cost two extra futures and a task switch per item.
         timer = None if timeout_s is None else loop.call_later(timeout_s, self._expire, pending, timeout_s)
         try:
@@ -222,6 +254,53 @@ class MicroBatcher(Generic[T, R]):
         finally:
             if timer is not None:
                 timer.cancel()
+
+    def enqueue(
+        self,
+        item: T,
+        callback: Callable[[R | None, BaseException | None], None],
+        timeout_s: float | None = None,
+        timing: ItemTiming | None = None,
+    ) -> Ticket[R]:
+        """Queue `item` and call `callback(result, None)` or `callback(None, error)` on the loop when it is
+        done: `submit` without a task or a future (the engine core answers each request this way)."""
+        ticket: Ticket[R] = Ticket(callback)
+        ticket.pending = self._enqueue(item, ticket, timeout_s, timing)
+        if timeout_s is not None:
+            loop = asyncio.get_running_loop()
+            ticket.timer = loop.call_later(timeout_s, self._expire, ticket.pending, timeout_s)
+        return ticket
+
+    def withdraw(self, ticket: Ticket[R]) -> None:
+        """The caller went away: a still-queued item leaves before compute; its callback is not called."""
+        if ticket.pending is not None:
+            self._remove(ticket.pending)
+        ticket.cancel()
+
+    def _enqueue(
+        self, item: T, outcome: Outcome[R], timeout_s: float | None, timing: ItemTiming | None
+    ) -> _Pending[T, R]:
+        if self._closing:
+            raise BatcherClosedError("the server is shutting down and takes no new work")
+        if len(self._queue) >= self.policy.max_queue:
+            raise QueueFullError(self._retry_after_s())
+        now = time.monotonic()
+        pending = _Pending(
+            item=item,
+            cost=max(1, self._cost(item)),
+            future=outcome,
+            enqueued_at=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+            seq=next(self._seq),
+            timing=timing,
+        )
+        with self._work:
+            if self._closing:  # again under the lock: engine threads stop once they see it and no work
+                raise BatcherClosedError("the server is shutting down and takes no new work")
+            self._queue.append(pending)
+            self._work.notify()
+        self._report_depth()
+        return pending
 
     def _expire(self, pending: _Pending[T, R], timeout_s: float) -> None:
         """The deadline passed: a queued item is dropped with a 504; one already computing is waited for."""
@@ -366,3 +445,16 @@ class MicroBatcher(Generic[T, R]):
         sequences hold fewer than max_batch_size: the token cap and length grouping cut them)."""
         batches = len(self._queue) / (self._last_batch_size * self.concurrency)
         return max(1.0, batches * self._last_run_s)
+
+
+async def all_or_none(work: Iterable[Awaitable[T]]) -> list[T]:
+    """Await them together; when one fails (429, 504) or the request is cancelled (client gone), cancel
+    the rest and wait until they have left their queues: a request's work is never computed for nobody."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        raise

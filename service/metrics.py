@@ -17,6 +17,7 @@ from service.generation.scheduler import StepPlan
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+IPC_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 0.001, 0.0025, 0.005, 0.01, 0.05)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 
@@ -72,8 +73,10 @@ def clear_multiprocess_dir() -> None:
 class Metrics:
     """One instance per app, on its own registry, so several apps (tests) never collide.
 
-    Under several workers every process writes its own series to files, and a scrape of any worker sums
-    them (`exposition`): counters and histograms add up, gauges are the live workers' sum (`livesum`).
+    Under `python -m service` the engine core and every frontend write their own series to files, and a
+    scrape of any frontend sums them (`exposition`): counters and histograms add up, gauges are the live
+    processes' sum (`livesum`). Engine series (batches, queues, generation steps) come from the core,
+    request series from the frontends.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -97,6 +100,14 @@ class Metrics:
             "Time a sequence waited in the batch queue.",
             ["model"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ipc_duration = Histogram(
+            "distilserve_ipc_duration_seconds",
+            "A request's round trip between a frontend and the engine core, less the time the core held it "
+            "(queue and engine): the cost of the hop itself.",
+            ["model"],
+            buckets=IPC_BUCKETS,
             registry=r,
         )
         self.tokenize_duration = Histogram(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from service.runtime import ServedModel
+from service.served import ServedModel
 
 
 class ModelNotFoundError(LookupError):

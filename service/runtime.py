@@ -1,4 +1,6 @@
-"""A served model: its manifest, tokenizer, engine and batcher, wired together at start-up."""
+"""The engine side of a model version: its session, its batcher or generation core, wired at start-up.
+
+This is what the engine core process holds (service.core); frontends hold `service.served.ServedModel`."""
 
 from __future__ import annotations
 
@@ -10,19 +12,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from service.batching import BatchPolicy, BatchStats, MicroBatcher
-from service.engine import CUDA, Engine, OrtEngine, available_cores
-from service.generation.engine import EngineHooks, GenerationEngine
+from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
+from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
-from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
-from service.generation.sequence import Sequence as GenSequence
+from service.ipc import Executions, Placement
 from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
-from service.repository import ModelVersion
+from service.repository import ModelVersion, RepositoryError, scan_repository
 from service.settings import Settings
 from service.stats import ModelStats
 from service.tasks.classification import with_probabilities
-from service.tokenization import EncodedText, TextEncoder, pad_batch
+from service.tokenization import EncodedText, pad_batch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ def padding_floor(settings: Settings, provider: str) -> float:
     if settings.min_padding_efficiency is not None:
         return settings.min_padding_efficiency
     return GPU_PADDING_FLOOR if provider == CUDA else CPU_PADDING_FLOOR
+
+
+class StartupError(RuntimeError):
+    """The service cannot serve anything useful; start-up stops with this message."""
 
 
 EngineFactory = Callable[[ModelVersion, str, Settings], Engine]
@@ -63,7 +68,7 @@ def engine_plan(
     cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 362-409;
     the demo student 1,457-1,670 vs 1,947-2,041. The price: a lone batch-1 call runs on one thread (MiniLM-
     shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time."""
-    cores = cores or max(1, available_cores() // settings.workers)  # each worker process gets its share
+    cores = cores or available_cores()  # the engine core owns the device's cores
     if generation:
         instances = 1
     elif settings.instances:
@@ -139,31 +144,18 @@ def per_position_outputs(manifest: Manifest) -> frozenset[str]:
 
 
 @dataclass
-class ServedModel:
+class EngineModel:
+    """One model version as the engine core runs it: its session, and its batcher or generation core."""
+
     version: ModelVersion
     variant: str
     engine: Engine
-    encoder: TextEncoder
     executor: ThreadPoolExecutor
     plan: EnginePlan
     runner: EncoderRunner | None = None  # encoder tasks: requests batch through the micro-batcher
     batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] | None = None
-    generator: GenerationEngine | None = None  # text generation: the continuous-batching engine
-    stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics, this process's share
-
-    def start(self) -> None:
-        """Start the batcher or the generation loop (inside the running event loop)."""
-        if self.batcher is not None:
-            self.batcher.start()
-        if self.generator is not None:
-            self.generator.start()
-
-    async def close(self) -> None:
-        """Finish queued and running work, then stop."""
-        if self.batcher is not None:
-            await self.batcher.close()
-        if self.generator is not None:
-            await self.generator.close()
+    generation: GenerationCore | None = None  # text generation: the continuous-batching engine thread
+    stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics: the engine calls
 
     @property
     def manifest(self) -> Manifest:
@@ -173,43 +165,54 @@ class ServedModel:
     def name(self) -> str:
         return self.manifest.name
 
-    def describe(self) -> dict[str, object]:
-        m = self.manifest
-        mask = m.special_tokens.mask
-        return {
-            "name": m.name,
-            "version": m.version,
-            "task": m.task,
-            "variant": self.variant,
-            "provider": self.engine.provider,
-            "instances": self.plan.instances,
-            "threads_per_instance": self.plan.threads,
-            "labels": [m.labels[i] for i in sorted(m.labels)],
-            "max_sequence_length": m.max_sequence_length,
-            "variants": sorted(m.variants),
-            "rejected_variants": m.rejected_variants,
-            "mask_token": self.encoder.id_to_token(mask)
-            if mask is not None and m.task == "fill-mask"
-            else None,
-            "distillation": m.distillation.model_dump() if m.distillation else None,
-        }
+    def placement(self) -> Placement:
+        max_queue = self.batcher.policy.max_queue if self.batcher is not None else 0
+        return Placement(
+            self.name,
+            self.manifest.version,
+            self.variant,
+            self.engine.provider,
+            self.plan.instances,
+            self.plan.threads,
+            max_queue,
+        )
+
+    def executions(self) -> Executions:
+        s = self.stats
+        batches = [
+            (size, d.count, d.ns) for size, d in sorted(dict(s.batches).items())
+        ]  # one copy: see stats
+        return Executions(self.name, self.manifest.version, s.execution_count, s.last_inference_ms, batches)
+
+    def start(self) -> None:
+        """Start the batcher or the generation loop (inside the running event loop)."""
+        if self.batcher is not None:
+            self.batcher.start()
+        if self.generation is not None:
+            self.generation.start()
+
+    async def close(self) -> None:
+        """Finish queued and running work, then stop."""
+        if self.batcher is not None:
+            await self.batcher.close()
+        if self.generation is not None:
+            await self.generation.close()
+        self.executor.shutdown(wait=True)
 
     def warm_up(self) -> None:
         """Run the engine over the shapes batches will take, so no real request pays a first-call cost."""
-        if self.generator is not None:
-            seq = GenSequence(prompt=[0, 1, 2, 3], params=SamplingParams(max_new_tokens=2))
-            result = self.generator.runner.execute(StepPlan(prefill=[seq], decode=[]))
-            seq.output.append(result.tokens[seq.id])
-            self.generator.runner.execute(StepPlan(prefill=[], decode=[seq]))
+        if self.generation is not None:
+            self.generation.warm_up()
             return
         assert self.runner is not None and self.batcher is not None
         policy = self.batcher.policy
+        pad = self.manifest.tokenizer.pad_token_id
         for length in sorted({8, 32, self.manifest.max_sequence_length}):
             for size in sorted({1, min(8, policy.max_batch_size), policy.max_batch_size}):
                 if size > 1 and size * length > policy.max_batch_tokens:
                     continue
                 row = EncodedText(
-                    input_ids=np.full(length, self.encoder.pad_token_id, dtype=np.int64),
+                    input_ids=np.full(length, pad, dtype=np.int64),
                     type_ids=np.zeros(length, dtype=np.int64),
                     offsets=[],
                     truncated=False,
@@ -217,28 +220,33 @@ class ServedModel:
                 self.runner([row] * size)
 
 
-def _generation_engine(
+def _generation_core(
     layout: GenerationLayout,
     engine: Engine,
-    encoder: TextEncoder,
     executor: ThreadPoolExecutor,
     settings: Settings,
     hooks: EngineHooks,
-) -> GenerationEngine:
+) -> GenerationCore:
+    """Its deliver and fail are bound by whoever streams its tokens (service.served, service.core)."""
     config = SchedulerConfig(
         max_running=settings.gen_max_batch,
         max_cached_tokens=settings.gen_max_cached_tokens,
         max_waiting=settings.gen_max_waiting,
     )
-    return GenerationEngine(
+    return GenerationCore(
         DecoderRunner(engine, layout),
         Scheduler(config),
-        encoder.text_stream,
         layout.eos_token_id,
         executor,
-        hooks,
-        stream_interval_s=settings.gen_stream_interval_ms / 1000.0,
+        deliver=_unbound,
+        fail=_unbound,
+        on_step=hooks.on_step,
+        on_queue=hooks.on_queue,
     )
+
+
+def _unbound(*args: object) -> None:
+    raise RuntimeError("the generation core's deliver and fail were never bound")
 
 
 def counting_batches(
@@ -270,10 +278,10 @@ def counting_steps(hooks: EngineHooks, stats: ModelStats) -> EngineHooks:
     return replace(hooks, on_step=on_step)
 
 
-def load_model(
+def load_engine_model(
     version: ModelVersion, settings: Settings, metrics: Metrics, engine_factory: EngineFactory
-) -> ServedModel:
-    """Build everything one model version needs; the batcher is started later, inside the event loop."""
+) -> EngineModel:
+    """Build what the engine runs for one model version; the batcher is started later, inside the loop."""
     manifest = version.manifest
     generation = manifest.generation is not None
     plan = engine_plan(settings, on_gpu=False, generation=generation)
@@ -285,17 +293,21 @@ def load_model(
         if (gpu_variant, gpu_plan.threads) != (variant, plan.threads):
             engine = engine_factory(version, gpu_variant, gpu_plan.settings(settings))
         variant, plan = gpu_variant, gpu_plan
-    encoder = TextEncoder(version.file(manifest.tokenizer.file), manifest.tokenizer)
-    executor = ThreadPoolExecutor(max_workers=plan.instances, thread_name_prefix=f"engine-{manifest.name}")
+    executor = ThreadPoolExecutor(
+        max_workers=plan.instances,
+        thread_name_prefix=f"engine-{manifest.name}",
+        initializer=name_this_thread,
+        initargs=("ds-engine",),
+    )
     name = manifest.name
-    served = ServedModel(version, variant, engine, encoder, executor, plan)
+    model = EngineModel(version, variant, engine, executor, plan)
     if manifest.generation is not None:
-        hooks = counting_steps(metrics.generation_hooks(name), served.stats)
-        served.generator = _generation_engine(manifest.generation, engine, encoder, executor, settings, hooks)
+        hooks = counting_steps(metrics.generation_hooks(name), model.stats)
+        model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks)
     else:
         gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
         finish = with_probabilities if manifest.task == "text-classification" else None
-        served.runner = EncoderRunner(
+        model.runner = EncoderRunner(
             engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather, finish
         )
         policy = BatchPolicy(
@@ -305,13 +317,13 @@ def load_model(
             max_queue=settings.max_queue,
             min_padding_efficiency=padding_floor(settings, engine.provider),
         )
-        served.batcher = MicroBatcher(
-            served.runner,
+        model.batcher = MicroBatcher(
+            model.runner,
             policy,
             cost=len,
             executor=executor,
             concurrency=plan.instances,
-            on_batch=counting_batches(metrics.for_model(name).observe_batch, served.stats),
+            on_batch=counting_batches(metrics.for_model(name).observe_batch, model.stats),
             on_queue_depth=metrics.for_model(name).queue_depth.set,
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
@@ -325,4 +337,34 @@ def load_model(
         plan.instances,
         plan.threads,
     )
-    return served
+    return model
+
+
+def load_engine_models(
+    settings: Settings, metrics: Metrics, engine_factory: EngineFactory
+) -> tuple[list[EngineModel], list[str]]:
+    """Every servable version of the repository, and what could not be loaded (one line each).
+
+    Raises StartupError when nothing can be served, or when anything is broken and the repository
+    must be whole (`DISTILSERVE_STRICT_REPOSITORY`)."""
+    scan = scan_repository(settings.model_repository)
+    problems = [str(e) for e in scan.errors]
+    for problem in problems:
+        log.error("skipping a broken model version: %s", problem)
+    if problems and settings.strict_repository:
+        raise StartupError("; ".join(problems))
+    if not scan.versions:
+        found = "; ".join(problems) or "no <name>/<version>/manifest.json found"
+        raise StartupError(f"no servable model in {settings.model_repository}: {found}")
+    models: list[EngineModel] = []
+    for version in scan.versions:
+        try:
+            models.append(load_engine_model(version, settings, metrics, engine_factory))
+        except (RepositoryError, ValueError) as e:
+            if settings.strict_repository:
+                raise StartupError(str(e)) from e
+            log.error("skipping %s: %s", version.directory, e)
+            problems.append(f"{version.directory}: {e}")
+    if not models:
+        raise StartupError(f"no model in {settings.model_repository} could be loaded")
+    return models, problems

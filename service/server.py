@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import socket
 import sys
 import time
@@ -44,6 +45,11 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Runs in the signal handler: set flags, then let the loop do the rest."""
+        if not self.started:
+            # Not listening, nothing admitted: stop now. Start-up may be waiting for an engine core that
+            # never comes, and uvicorn would wait for the start-up to end before it looks at the signal.
+            log.info("stopped while starting: nothing was admitted")
+            os._exit(0)
         if self._draining or not self.started or self._loop is None:
             super().handle_exit(sig, frame)  # during start-up, or a second signal: uvicorn's own way
             return

@@ -26,18 +26,24 @@ class Settings(BaseSettings):
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
     )
-    workers: int = Field(
-        1,
-        ge=1,
-        description="Server processes sharing the port, each a whole server (its models, batchers, event "
-        "loop) on its share of the cores. One Python event loop spends ~0.7 ms of CPU a request: several "
-        "feed a GPU or many cores better. Metrics are summed across them.",
+    frontends: int = Field(
+        0,
+        ge=0,
+        description="HTTP frontend processes in front of the one engine core: each does HTTP, validation, "
+        "tokenizing and post-processing (~0.5-1.4 ms of CPU a request), the core batches every frontend's "
+        "requests together. 0 = auto: one on a machine of up to 4 cores, else one per 2 cores beyond the "
+        "first 2, at most 8.",
+    )
+    engine_address: str = Field(
+        "",
+        description="Where a frontend reaches the engine core: a Unix socket, `unix:/run/ds/engine.sock`. "
+        "`python -m service` sets it for the processes it starts; empty: the engine runs in-process.",
     )
     worker_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="With workers: a worker whose event loop has not ticked for this long (stuck, or "
-        "stopped) is killed and started again. Checked once it has loaded its models.",
+        description="A frontend or engine core whose event loop has not ticked for this long (stuck, or "
+        "stopped) is killed and started again. Checked once it has started.",
     )
     instances: int = Field(
         0,
@@ -104,6 +110,16 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = Field(
         "json", description="Access log lines (logger distilserve.access): one JSON object, or text."
     )
+
+
+def frontend_count(settings: Settings, cores: int | None = None) -> int:
+    """`frontends`, or the automatic count: a small box keeps its cores for the engine."""
+    if settings.frontends:
+        return settings.frontends
+    from service.engine import available_cores
+
+    cores = cores or available_cores()
+    return 1 if cores <= 4 else min(8, (cores - 2) // 2)
 
 
 def _flag(name: str) -> str:

@@ -14,7 +14,7 @@ from service.metrics import Metrics
 from service.processors.common import InvalidInputError
 from service.registry import ModelRegistry
 from service.request_context import current
-from service.runtime import ServedModel
+from service.served import ServedModel
 from service.settings import Settings
 
 

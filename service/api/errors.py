@@ -13,6 +13,7 @@ from starlette.requests import ClientDisconnect
 from service.api.deps import UnsupportedMediaTypeError
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.engine import EngineError
+from service.ipc import EngineUnavailableError
 from service.processors.common import InvalidInputError
 from service.registry import AmbiguousModelError, ModelNotFoundError, WrongTaskError
 
@@ -55,6 +56,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     UnauthorizedError: (401, "unauthorized"),
     QueueFullError: (429, "overloaded"),
     BatcherClosedError: (503, "unavailable"),
+    EngineUnavailableError: (503, "unavailable"),
     ShuttingDownError: (503, "unavailable"),
     DeadlineExceededError: (504, "timeout"),
     EngineError: (500, "backend"),
@@ -80,7 +82,7 @@ def error_response(
 
 
 def _headers(exc: Exception) -> dict[str, str] | None:
-    if isinstance(exc, QueueFullError):
+    if isinstance(exc, QueueFullError | EngineUnavailableError):
         return {"Retry-After": str(max(1, round(exc.retry_after_s)))}
     if isinstance(exc, UnauthorizedError):
         return {"WWW-Authenticate": exc.challenge}

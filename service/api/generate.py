@@ -23,7 +23,7 @@ from service.api.schemas import (
 from service.api.task_route import TaskRoute
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
-from service.processors.generation import complete, prepare, start_stream
+from service.processors.generation import complete, open_stream, prepare
 
 router = APIRouter(tags=["generation"], route_class=TaskRoute)
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -73,7 +73,7 @@ async def generate(
             tokens=result["tokens"],
             finish_reason=result["finish_reason"],
         )
-    return event_stream(_generate_events(*start_stream(prepared)))  # queued now: a 429 is still a 429
+    return event_stream(_generate_events(*await open_stream(prepared)))  # a 429 is still a 429
 
 
 async def _generate_events(seq: Sequence, groups: AsyncIterator[list[TokenEvent]]) -> AsyncIterator[bytes]:
@@ -103,7 +103,7 @@ async def completions(
     created = int(time.time())
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        seq, groups = start_stream(prepared)  # queued now: a 429 is still a 429
+        seq, groups = await open_stream(prepared)  # a 429 is still a 429
         return event_stream(_completion_chunks(seq, groups, completion_id, created, model.name, usage))
     result = await complete(prepared)
     return {

@@ -19,12 +19,14 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", summary="Ready: models loaded and warmed, not draining.")
+@router.get("/ready", summary="Ready: models loaded and warmed, the engine reachable, not draining.")
 @router.head("/ready", include_in_schema=False)
 async def ready(request: Request) -> JSONResponse:
-    if getattr(request.app.state, "ready", False):
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "not ready"}, status_code=503)
+    if not getattr(request.app.state, "ready", False):
+        return JSONResponse({"status": "not ready"}, status_code=503)
+    if not request.app.state.engine.available:  # the engine core is restarting
+        return JSONResponse({"status": "engine unavailable"}, status_code=503)
+    return JSONResponse({"status": "ready"})
 
 
 @router.get("/metrics", summary="Prometheus metrics.", include_in_schema=False)

@@ -8,16 +8,17 @@ from fastapi import APIRouter, Depends
 
 from service.api.deps import Collaborators, collaborators
 from service.api.schemas import OPENAI_ERRORS, ModelCard, ModelList, OpenAIModel
-from service.runtime import ServedModel
+from service.served import ServedModel
+from service.settings import frontend_count
 
 router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(c: Collaborators = Depends(collaborators)) -> ModelList:
-    workers = c.settings.workers
+    frontends = frontend_count(c.settings)
     return ModelList(
-        models=[ModelCard.model_validate(m.describe() | {"workers": workers}) for m in c.registry.all()],
+        models=[ModelCard.model_validate(m.describe() | {"frontends": frontends}) for m in c.registry.all()],
         data=[_openai(c.registry.get(name)) for name in c.registry.names()],
     )
 

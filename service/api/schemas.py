@@ -227,8 +227,10 @@ class ModelCard(BaseModel):
     task: str
     variant: str
     provider: str
-    workers: int = Field(description="Server processes, each with its own copy of this model.")
-    instances: int = Field(description="Engine calls this model runs at once (in each worker).")
+    frontends: int = Field(
+        description="HTTP frontend processes; the model is loaded once, in the engine core."
+    )
+    instances: int = Field(description="Engine calls this model runs at once.")
     threads_per_instance: int = Field(description="ONNX Runtime intra-op threads of each call.")
     labels: list[str]
     max_sequence_length: int

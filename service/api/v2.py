@@ -65,7 +65,7 @@ from service.processors.fill_mask import fill_mask
 from service.processors.generation import complete, prepare
 from service.processors.qa import Answer, SpanRules, answer_all
 from service.registry import ModelNotFoundError, ModelRegistry
-from service.runtime import ServedModel
+from service.served import ServedModel
 
 log = logging.getLogger(__name__)
 

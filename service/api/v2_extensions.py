@@ -31,15 +31,17 @@ from service.api.deps import Collaborators
 from service.api.v2 import PLATFORM, find_model, model_metadata, served, v2_router
 from service.api.v2_schemas import TensorError, TensorMetadata, describe_validation
 from service.engine import CUDA
-from service.runtime import ServedModel
+from service.ipc import Executions
+from service.served import ServedModel
 from service.settings import Settings
 from service.stats import Duration, ModelStats
 
 BACKEND = "onnxruntime"
 PER_PROCESS = (
-    "Counted in this server process since it started. With DISTILSERVE_WORKERS > 1 each worker process "
-    "counts only the requests it served: a client reaches one of them per connection, so the numbers "
-    "are that worker's share, not the server's total (/metrics sums the workers)."
+    "Requests are counted in the HTTP frontend that answered them, since it started: with "
+    "DISTILSERVE_FRONTENDS > 1 a client reaches one frontend per connection, so those numbers are its "
+    "share (/metrics sums the frontends). Engine calls (execution_count, batch_stats, last_inference) "
+    "are the engine core's, shared by every frontend."
 )
 
 router = v2_router()
@@ -89,13 +91,13 @@ def _config_tensor(tensor: TensorMetadata) -> ConfigTensor:
 
 def model_config(model: ServedModel, settings: Settings) -> ModelConfig:
     metadata = model_metadata(model, [model.manifest.version])
-    on_gpu = model.engine.provider == CUDA
+    on_gpu = model.provider == CUDA
     generation = model.generator is not None
     engine_batch = settings.gen_max_batch if generation else settings.max_batch_size
     parameters = {
         "task": model.manifest.task,
         "variant": model.variant,
-        "execution_provider": model.engine.provider,
+        "execution_provider": model.provider,
         "threads_per_instance": str(model.plan.threads),
         "max_sequence_length": str(model.manifest.max_sequence_length),
         "engine_max_batch_size": str(engine_batch),
@@ -183,16 +185,18 @@ def _batch_stat(size: int, calls: Duration) -> BatchStat:
     )
 
 
-def model_stat(model: ServedModel) -> ModelStat:
+def model_stat(model: ServedModel, engine: Executions | None) -> ModelStat:
+    """This frontend's requests for the model, and the engine calls the engine core made for it (all
+    frontends' requests share them)."""
     s: ModelStats = model.stats
-    batches = sorted(dict(s.batches).items())  # one copy: a generation engine thread may add a size
     done = s.success.count
+    batches = engine.batches if engine is not None else []
     return ModelStat(
         name=model.name,
         version=str(model.manifest.version),
-        last_inference=s.last_inference_ms,
+        last_inference=engine.last_ms if engine is not None else 0,
         inference_count=s.inference_count,
-        execution_count=s.execution_count,
+        execution_count=engine.count if engine is not None else 0,
         inference_stats=InferenceStats(
             success=_stat(done, s.success.ns),
             fail=_stat(s.fail.count, s.fail.ns),
@@ -203,7 +207,14 @@ def model_stat(model: ServedModel) -> ModelStat:
             cache_hit=_stat(0),
             cache_miss=_stat(0),
         ),
-        batch_stats=[_batch_stat(size, calls) for size, calls in batches],
+        batch_stats=[_batch_stat(size, Duration(count, ns)) for size, count, ns in batches],
+    )
+
+
+async def stats_of(request: Request, models: list[ServedModel]) -> StatsResponse:
+    executions = {(e.name, e.version): e for e in await request.app.state.engine.executions()}
+    return StatsResponse(
+        model_stats=[model_stat(m, executions.get((m.name, m.manifest.version))) for m in models]
     )
 
 
@@ -238,31 +249,33 @@ def _index_request(body: bytes) -> IndexRequest:
 @router.get(
     "/models/stats",
     response_model=StatsResponse,
-    summary="Statistics of every served model version (this worker process's counts).",
+    summary="Statistics of every served model version (requests: this frontend's; engine calls: all).",
     description=PER_PROCESS,
 )
-async def all_model_stats(c: Collaborators = Depends(served)) -> StatsResponse:
-    return StatsResponse(model_stats=[model_stat(m) for m in c.registry.all()])
+async def all_model_stats(request: Request, c: Collaborators = Depends(served)) -> StatsResponse:
+    return await stats_of(request, c.registry.all())
 
 
 @router.get(
     "/models/{name}/stats",
     response_model=StatsResponse,
-    summary="Statistics of every served version of a model (this worker process's counts).",
+    summary="Statistics of every served version of a model (requests: this frontend's; engine calls: all).",
     description=PER_PROCESS,
 )
-async def model_stats(name: str, c: Collaborators = Depends(served)) -> StatsResponse:
-    return StatsResponse(model_stats=[model_stat(m) for m in c.registry.versions(name)])
+async def model_stats(name: str, request: Request, c: Collaborators = Depends(served)) -> StatsResponse:
+    return await stats_of(request, c.registry.versions(name))
 
 
 @router.get(
     "/models/{name}/versions/{version}/stats",
     response_model=StatsResponse,
-    summary="Statistics of one model version (this worker process's counts).",
+    summary="Statistics of one model version (requests: this frontend's; engine calls: all).",
     description=PER_PROCESS,
 )
-async def model_version_stats(name: str, version: str, c: Collaborators = Depends(served)) -> StatsResponse:
-    return StatsResponse(model_stats=[model_stat(find_model(c.registry, name, version))])
+async def model_version_stats(
+    name: str, version: str, request: Request, c: Collaborators = Depends(served)
+) -> StatsResponse:
+    return await stats_of(request, [find_model(c.registry, name, version)])
 
 
 @router.get(

@@ -1,11 +1,13 @@
-"""The generation engine: an engine thread that schedules and runs steps back to back, and the event loop,
-which only hands it requests and streams what it produces.
+"""The generation engine in two halves that meet at plain data: `GenerationCore` (an engine thread that
+schedules and runs steps back to back) and `TokenStreams` (the event loop's side: detokenize, stop strings,
+stream to clients). `GenerationEngine` joins them in one process; across processes the engine core runs the
+first and a frontend the second (service.core, service.client).
 
 The thread owns the decode loop (schedule -> execute -> record each token -> next step) and never waits for
 the event loop, so the model runs while the loop detokenizes and writes the last step's tokens; when the
 loop had to launch every step itself, the engine sat idle for a third of the time. Requests join the running
 batch between steps and leave it the step they finish; each one streams its tokens through its own queue.
-The scheduler is shared by both sides under one lock: the loop adds requests, the thread plans steps.
+The scheduler is guarded by one lock: requests are added from the loop, steps planned on the thread.
 """
 
 from __future__ import annotations
@@ -41,31 +43,36 @@ class EngineHooks:
     on_queue: Callable[[int, int], None] | None = None  # running, waiting
 
 
-class GenerationEngine:
+class GenerationCore:
+    """The engine thread's half: admission, scheduling, running steps, recording tokens (eos, length).
+
+    What it produced goes to `deliver` and what failed to `fail`, both called on the event loop it was
+    started in, one call per step. Nothing here detokenizes or knows of clients."""
+
     def __init__(
         self,
         runner: DecoderRunner,
         scheduler: Scheduler,
-        detokenizer: Callable[[], Detokenizer],
         eos_token_id: int | None,
         executor: Executor,
-        hooks: EngineHooks | None = None,
-        stream_interval_s: float = 0.0,
+        deliver: Callable[[list[Produced]], None],
+        fail: Callable[[list[GenSequence], Exception], None],
+        on_step: Callable[[StepPlan, StepResult], None] | None = None,
+        on_queue: Callable[[int, int], None] | None = None,
     ) -> None:
         self.runner = runner
-        self.stream_interval_s = stream_interval_s
         self.scheduler = scheduler
-        self._detokenizer = detokenizer  # a new incremental decoder per sequence
         self.eos_token_id = eos_token_id
         self._executor = executor
-        self._hooks = hooks or EngineHooks()
+        self._deliver = deliver
+        self._fail = fail
+        self._on_step = on_step
+        self._on_queue = on_queue
         self._lock = threading.Lock()  # guards the scheduler: the loop adds, the engine thread plans
         self._work = threading.Event()  # set when there may be something to do
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: asyncio.Future[None] | None = None
         self._closing = False
-
-    # -- public (event loop) ----------------------------------------------------------------------------
 
     @property
     def max_cached_tokens(self) -> int:
@@ -87,13 +94,109 @@ class GenerationEngine:
             await self._thread
             self._thread = None
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> GenSequence:
-        """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken)."""
-        seq = GenSequence(prompt=list(prompt), params=params, detokenizer=self._detokenizer())
+    def bind(
+        self,
+        deliver: Callable[[list[Produced]], None],
+        fail: Callable[[list[GenSequence], Exception], None],
+    ) -> None:
+        """Where produced tokens and failures go (before `start`)."""
+        self._deliver, self._fail = deliver, fail
+
+    def add(self, seq: GenSequence) -> None:
+        """Queue a sequence (QueueFullError / BatcherClosedError / ValueError when it cannot be taken)."""
         with self._lock:
             self.scheduler.add(seq)
         self._report_queue()
         self._work.set()
+
+    def wake(self) -> None:
+        """A sequence was aborted or stopped outside the thread: drop it at the next step."""
+        self._work.set()
+
+    def warm_up(self) -> None:
+        """One prefill and one decode step, so no real request pays a first-call cost."""
+        seq = GenSequence(prompt=[0, 1, 2, 3], params=SamplingParams(max_new_tokens=2))
+        result = self.runner.execute(StepPlan(prefill=[seq], decode=[]))
+        seq.output.append(result.tokens[seq.id])
+        self.runner.execute(StepPlan(prefill=[], decode=[seq]))
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._work.clear()
+                plan = self.scheduler.schedule()
+            self._report_queue()
+            if plan.empty:
+                if self._closing and not self.scheduler.has_work:
+                    return
+                self._work.wait(timeout=0.5)  # a request, an abort or close sets it
+                continue
+            try:
+                result = self.runner.execute(plan)
+                produced = [self._record(s, result.tokens[s.id]) for s in [*plan.prefill, *plan.decode]]
+            except Exception as e:  # a failing step fails the sequences in it, never the engine thread
+                failed = [*plan.prefill, *plan.decode]
+                for seq in failed:
+                    seq.aborted = True  # out of the next plan at once
+                self._to_loop(self._fail, failed, e)
+                continue
+            if self._on_step is not None:
+                try:
+                    self._on_step(plan, result)
+                except Exception:  # metrics must never stop generation
+                    log.exception("generation step hook failed")
+            self._to_loop(self._deliver, [p for p in produced if p is not None])
+
+    def _record(self, seq: GenSequence, token: int) -> Produced | None:
+        """The token appended for the next step, and whether it ends the sequence (eos, length)."""
+        if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
+            return None
+        seq.output.append(token)
+        finish: FinishReason | None = None
+        if token == self.eos_token_id and not seq.params.ignore_eos:
+            finish = "eos"
+        elif len(seq.output) >= seq.params.max_new_tokens:
+            finish = "length"
+        if finish is not None:
+            seq.finish_reason = finish
+        return seq, token, len(seq.output) - 1, finish
+
+    def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _report_queue(self) -> None:
+        if self._on_queue is not None:
+            self._on_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+
+
+class TokenStreams:
+    """The event loop's half: turns produced tokens into each client's text and events.
+
+    `admit(seq)` hands a new sequence to the engine (in-process: the core's `add`; remote: a message) and
+    `release(seq)` tells it a sequence ended on this side (client gone, stop string)."""
+
+    def __init__(
+        self,
+        detokenizer: Callable[[], Detokenizer],
+        admit: Callable[[GenSequence], None],
+        release: Callable[[GenSequence], None],
+        max_cached_tokens: int,
+        hooks: EngineHooks | None = None,
+        stream_interval_s: float = 0.0,
+    ) -> None:
+        self._detokenizer = detokenizer  # a new incremental decoder per sequence
+        self._admit = admit
+        self._release = release
+        self.max_cached_tokens = max_cached_tokens
+        self._hooks = hooks or EngineHooks()
+        self.stream_interval_s = stream_interval_s
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> GenSequence:
+        """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken)."""
+        seq = GenSequence(prompt=list(prompt), params=params, detokenizer=self._detokenizer())
+        self._admit(seq)
         return seq
 
     async def stream(self, seq: GenSequence) -> AsyncIterator[TokenEvent]:
@@ -133,7 +236,7 @@ class GenerationEngine:
         finally:
             if seq.finish_reason is None:
                 seq.aborted = True
-                self._work.set()
+                self._release(seq)
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> tuple[GenSequence, str]:
         """Run to completion; returns the finished sequence and its text."""
@@ -141,61 +244,20 @@ class GenerationEngine:
         parts = [event.text async for event in self.stream(seq)]
         return seq, "".join(parts)
 
-    # -- the engine thread ------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._work.clear()
-                plan = self.scheduler.schedule()
-            self._report_queue()
-            if plan.empty:
-                if self._closing and not self.scheduler.has_work:
-                    return
-                self._work.wait(timeout=0.5)  # a request, an abort or close sets it
-                continue
-            try:
-                result = self.runner.execute(plan)
-                produced = [self._record(s, result.tokens[s.id]) for s in [*plan.prefill, *plan.decode]]
-            except Exception as e:  # a failing step fails the sequences in it, never the engine thread
-                failed = [*plan.prefill, *plan.decode]
-                for seq in failed:
-                    seq.aborted = True  # out of the next plan at once
-                self._to_loop(self._fail, failed, e)
-                continue
-            if self._hooks.on_step is not None:
-                try:
-                    self._hooks.on_step(plan, result)
-                except Exception:  # metrics must never stop generation
-                    log.exception("generation step hook failed")
-            self._to_loop(self._deliver, [p for p in produced if p is not None])
-
-    def _record(self, seq: GenSequence, token: int) -> Produced | None:
-        """The token appended for the next step, and whether it ends the sequence (eos, length)."""
-        if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
-            return None
-        seq.output.append(token)
-        finish: FinishReason | None = None
-        if token == self.eos_token_id and not seq.params.ignore_eos:
-            finish = "eos"
-        elif len(seq.output) >= seq.params.max_new_tokens:
-            finish = "length"
-        if finish is not None:
-            seq.finish_reason = finish
-        return seq, token, len(seq.output) - 1, finish
-
-    def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self._loop.call_soon_threadsafe(callback, *args)
-
-    # -- back on the event loop -------------------------------------------------------------------------
-
-    def _deliver(self, produced: list[Produced]) -> None:
+    def deliver(self, produced: list[Produced]) -> None:
         for seq, token, index, finish in produced:
             if seq.ended or seq.error is not None:  # a stop string ended it before this token
                 continue
             self._emit(seq, token, index, finish)
+
+    def fail(self, seqs: list[GenSequence], error: Exception) -> None:
+        for seq in seqs:
+            if seq.ended:
+                continue
+            seq.error = error
+            seq.aborted = True
+            seq.ended = True
+            seq.events.put_nowait(TokenEvent(None, "", None))
 
     def _emit(self, seq: GenSequence, token: int, index: int, finish: FinishReason | None) -> None:
         """What the client sees: timing metrics, the text the token completes (a stop string ends it)."""
@@ -210,9 +272,10 @@ class GenerationEngine:
         stopped = finish != "eos" and self._add_text(seq, token)
         if stopped:
             finish = "stop"
-            self._work.set()  # the engine thread drops it at its next step
         if finish is not None:
             seq.finish_reason, seq.ended = finish, True
+        if stopped:
+            self._release(seq)  # the engine drops it at its next step
         seq.events.put_nowait(TokenEvent(token, _unsent(seq, final=finish is not None), finish, index))
 
     def _add_text(self, seq: GenSequence, token: int) -> bool:
@@ -231,16 +294,53 @@ class GenerationEngine:
                 return True
         return False
 
-    def _fail(self, seqs: list[GenSequence], error: Exception) -> None:
-        for seq in seqs:
-            seq.error = error
-            seq.aborted = True
-            seq.ended = True
-            seq.events.put_nowait(TokenEvent(None, "", None))
 
-    def _report_queue(self) -> None:
-        if self._hooks.on_queue is not None:
-            self._hooks.on_queue(len(self.scheduler.running), len(self.scheduler.waiting))
+class GenerationEngine(TokenStreams):
+    """Both halves in one process: the core's thread delivers to these streams through the loop."""
+
+    def __init__(
+        self,
+        runner: DecoderRunner,
+        scheduler: Scheduler,
+        detokenizer: Callable[[], Detokenizer],
+        eos_token_id: int | None,
+        executor: Executor,
+        hooks: EngineHooks | None = None,
+        stream_interval_s: float = 0.0,
+    ) -> None:
+        hooks = hooks or EngineHooks()
+        self.core = GenerationCore(
+            runner,
+            scheduler,
+            eos_token_id,
+            executor,
+            deliver=self.deliver,
+            fail=self.fail,
+            on_step=hooks.on_step,
+            on_queue=hooks.on_queue,
+        )
+        super().__init__(
+            detokenizer,
+            admit=self.core.add,
+            release=lambda seq: self.core.wake(),
+            max_cached_tokens=self.core.max_cached_tokens,
+            hooks=hooks,
+            stream_interval_s=stream_interval_s,
+        )
+
+    @property
+    def runner(self) -> DecoderRunner:
+        return self.core.runner
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.core.scheduler
+
+    def start(self) -> None:
+        self.core.start()
+
+    async def close(self) -> None:
+        await self.core.close()
 
 
 def _unsent(seq: GenSequence, final: bool) -> str:

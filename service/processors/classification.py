@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from service.metrics import Metrics
 from service.processors.common import check_chars, enforce_window, run_all, tokenizing
-from service.runtime import ServedModel
+from service.served import ServedModel
 from service.tasks.classification import LabelScore, top_labels
 
 

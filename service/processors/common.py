@@ -1,20 +1,18 @@
-"""What every processor shares: the request error type, the text limits, timing, submitting many items."""
+"""What every processor shares: the request error type, the text limits, timing, running a request's rows."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
 
-from service.batching import ItemTiming
+from service.batching import ItemTiming, QueueTooSmallError, all_or_none
 from service.metrics import Metrics
 from service.request_context import current
-from service.runtime import ServedModel
+from service.served import Outputs, ServedModel
 from service.tokenization import EncodedText
 
-T = TypeVar("T")
+__all__ = ["InvalidInputError", "all_or_none", "check_chars", "enforce_window", "run_all", "tokenizing"]
 
 
 class InvalidInputError(ValueError):
@@ -57,36 +55,16 @@ def tokenizing(metrics: Metrics, model: ServedModel) -> Iterator[None]:
     current().add_tokenize(elapsed)
 
 
-async def submit(model: ServedModel, item: Any, timeout_s: float) -> Any:
-    """One item through the model's batcher; its queue and engine time go on the request's context."""
-    assert model.batcher is not None  # encoder tasks only: generation runs on its own engine
-    timing = ItemTiming()
+async def run_all(model: ServedModel, items: Sequence[EncodedText], timeout_s: float) -> list[Outputs]:
+    """A request's sequences through the model's engine, all or none (they may share engine calls); their
+    queue and engine time go on the request's context."""
+    assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
+    timings: list[ItemTiming] = []
     try:
-        return await model.batcher.submit(item, timeout_s=timeout_s, timing=timing)
-    finally:
-        current().add_item(timing)
-
-
-async def run_all(model: ServedModel, items: Sequence[Any], timeout_s: float) -> list[Any]:
-    """Submit every item to the model's batcher; they may land in the same or in different batches."""
-    if len(items) == 1:  # the common case: no task per item
-        return [await submit(model, items[0], timeout_s)]
-    assert model.batcher is not None
-    try:
-        model.batcher.check_room(len(items))
-    except ValueError as e:
+        return await model.encoding.run(items, timeout_s, timings)
+    except QueueTooSmallError as e:
         raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
-    return await all_or_none(submit(model, item, timeout_s) for item in items)
-
-
-async def all_or_none(work: Iterable[Awaitable[T]]) -> list[T]:
-    """Await them together; when one fails (429, 504) or the request is cancelled (client gone), cancel
-    the rest and wait until they have left their queues: a request's work is never computed for nobody."""
-    tasks = [asyncio.ensure_future(w) for w in work]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        raise
+    finally:
+        context = current()
+        for timing in timings:
+            context.add_item(timing)

@@ -7,7 +7,7 @@ from typing import TypedDict
 
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError, check_chars, enforce_window, run_all, tokenizing
-from service.runtime import ServedModel
+from service.served import ServedModel
 from service.tasks.fill_mask import mask_positions, top_tokens
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TypedDict
 
-from service.generation.engine import GenerationEngine
+from service.generation.engine import TokenStreams
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError, check_chars, tokenizing
-from service.runtime import ServedModel
+from service.served import ServedModel
 
 
 class Completion(TypedDict):
@@ -23,7 +23,7 @@ class Completion(TypedDict):
 
 @dataclass(frozen=True)
 class Prepared:
-    engine: GenerationEngine
+    engine: TokenStreams
     prompt: list[int]
     params: SamplingParams
 
@@ -78,8 +78,26 @@ async def complete(prepared: Prepared) -> Completion:
     )
 
 
-def start_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
-    """Queue the request now (so 429 comes before any byte is sent) and return its events, in the groups
-    the engine's stream interval hands them out in (one write each)."""
+async def open_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
+    """Queue the request and wait for its first tokens, so that a refusal (429, 503) is still a status code
+    before any byte is sent; then its events, in the groups the engine's stream interval hands them out in
+    (one write each)."""
     seq = prepared.engine.submit(prepared.prompt, prepared.params)
-    return seq, prepared.engine.stream_groups(seq)
+    groups = prepared.engine.stream_groups(seq)
+    try:
+        first = await anext(groups)
+    except BaseException:
+        await groups.aclose()
+        raise
+    return seq, _prepend(first, groups)
+
+
+async def _prepend(
+    first: list[TokenEvent], rest: AsyncGenerator[list[TokenEvent], None]
+) -> AsyncIterator[list[TokenEvent]]:
+    try:
+        yield first
+        async for group in rest:
+            yield group
+    finally:
+        await rest.aclose()

@@ -10,7 +10,7 @@ import numpy as np
 
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError, check_chars, run_all, tokenizing
-from service.runtime import ServedModel
+from service.served import ServedModel
 from service.tasks.qa import null_score, offsets_array, span_probabilities, top_spans
 from service.tokenization import EncodedText
 

@@ -28,11 +28,11 @@ def serve_traffic(base_url: str) -> None:
             assert response.status_code == status, (path, body, response.text)
 
 
-@pytest.fixture(scope="package", params=[1, 2], ids=["one-process", "two-workers"])
+@pytest.fixture(scope="package", params=[1, 2], ids=["one-frontend", "two-frontends"])
 def served(tiny_repository: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """The service on a free 127.0.0.1 port with TRAFFIC answered; stopped after the package's tests.
-    Alone, and as two workers (whose /metrics is their sum: what Prometheus, the alerts and the dashboard
-    read must hold for both)."""
-    with live_server(tiny_repository, {"DISTILSERVE_WORKERS": str(request.param)}) as server:
+    With one frontend, and with two (whose /metrics is their sum with the engine core's: what Prometheus, the
+    alerts and the dashboard read must hold for both)."""
+    with live_server(tiny_repository, {"DISTILSERVE_FRONTENDS": str(request.param)}) as server:
         serve_traffic(server.base_url)
         yield server

@@ -32,14 +32,14 @@ def test_a_draining_app_refuses_new_work_and_serves_reads(tiny_repository: Path)
         assert client.get("/health").status_code == 200
 
 
-@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+@pytest.fixture(params=[1, 2], ids=["one-frontend", "two-frontends"])
 def slow_server(
     tiny_repository: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """The real entry point on 127.0.0.1, with each classification engine call taking 0.4 s; alone or as
-    two workers behind the supervisor (which forwards SIGTERM, and every worker drains)."""
+    """The real entry point on 127.0.0.1, with each classification engine call taking 0.4 s; one frontend or
+    two before the engine core (the supervisor forwards SIGTERM: every frontend drains, then the core)."""
     env = {
-        "DISTILSERVE_WORKERS": str(request.param),
+        "DISTILSERVE_FRONTENDS": str(request.param),
         "SLOW_ENGINE_S": "0.4",
         "DISTILSERVE_MAX_BATCH_SIZE": "2",
         "DISTILSERVE_MAX_BODY_BYTES": "16384",

@@ -8,7 +8,7 @@ from typing import cast
 import pytest
 
 from service.registry import AmbiguousModelError, ModelNotFoundError, ModelRegistry, WrongTaskError
-from service.runtime import ServedModel
+from service.served import ServedModel
 
 
 def served(name: str, version: int, task: str) -> ServedModel:

@@ -51,9 +51,9 @@ def test_a_bad_flag_or_variable_is_a_usage_error_naming_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
-        parse_cli(["--workers", "0"])
+        parse_cli(["--max-batch-size", "0"])
     assert exited.value.code == 2
-    refused = "--workers / DISTILSERVE_WORKERS: Input should be greater than or equal to 1"
+    refused = "--max-batch-size / DISTILSERVE_MAX_BATCH_SIZE: Input should be greater than or equal to 1"
     assert refused in capsys.readouterr().err
     monkeypatch.setenv("DISTILSERVE_GEN_STREAM_INTERVAL_MS", "-1")
     with pytest.raises(SystemExit):
@@ -93,16 +93,21 @@ def test_instances_split_the_cores_on_a_cpu_and_stay_single_elsewhere() -> None:
     assert EnginePlan(2, 3).settings(s).intra_op_threads == 3
 
 
-def test_workers_split_the_cores_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_core_plans_on_every_core_and_frontends_default_to_what_the_host_spares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One engine core per device owns the cores (frontends only tokenize and write JSON); a small box
+    keeps them for it, a many-core GPU host runs several frontends to feed the device."""
     import service.runtime as runtime
+    from service.settings import frontend_count
 
     monkeypatch.setattr(runtime, "available_cores", lambda: 8)
     plan = runtime.engine_plan
-    assert plan(Settings(workers=2), on_gpu=False, generation=False) == runtime.EnginePlan(4, 1)
-    assert plan(Settings(workers=8), on_gpu=False, generation=False) == runtime.EnginePlan(1, 1)
-    assert plan(Settings(workers=16), on_gpu=False, generation=False) == runtime.EnginePlan(1, 1)
-    assert plan(Settings(workers=4), on_gpu=True, generation=False) == runtime.EnginePlan(1, 2)
-    assert plan(Settings(workers=2), on_gpu=False, generation=True) == runtime.EnginePlan(1, 4)
+    assert plan(Settings(), on_gpu=False, generation=False) == runtime.EnginePlan(8, 1)
+    assert plan(Settings(), on_gpu=True, generation=False) == runtime.EnginePlan(1, 8)
+    assert plan(Settings(), on_gpu=False, generation=True) == runtime.EnginePlan(1, 8)
+    assert [frontend_count(Settings(), cores) for cores in (1, 2, 4, 6, 8, 16, 64)] == [1, 1, 1, 2, 3, 7, 8]
+    assert frontend_count(Settings(frontends=5), cores=2) == 5
 
 
 def test_the_core_count_respects_a_container_cpu_quota(tmp_path: Path) -> None:

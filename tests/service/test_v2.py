@@ -29,7 +29,8 @@ from service.batching import BatcherClosedError, DeadlineExceededError, QueueFul
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError
 from service.repository import scan_repository
-from service.runtime import load_model, ort_engine_factory
+from service.runtime import load_engine_model, ort_engine_factory
+from service.served import local_models
 from service.settings import Settings
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.live_server import live_server
@@ -304,11 +305,12 @@ def test_model_config_describes_what_is_served(client: triton.InferenceServerCli
 def test_model_config_follows_the_settings(tiny_repository: Path) -> None:
     settings = Settings(model_repository=tiny_repository, max_client_batch=7, max_wait_ms=2.5, instances=3)
     (version,) = [v for v in scan_repository(tiny_repository).versions if v.name == CLS]
-    model = load_model(version, settings, Metrics(), ort_engine_factory)
+    engine_model = load_engine_model(version, settings, Metrics(), ort_engine_factory)
     try:
+        (model,) = local_models([engine_model], settings, Metrics())
         config = model_config(model, settings)
     finally:
-        model.executor.shutdown()
+        engine_model.executor.shutdown()
     assert (config.max_batch_size, config.dynamic_batching.max_queue_delay_microseconds) == (7, 2500)
     assert [(g.kind, g.count) for g in config.instance_group] == [("KIND_CPU", 3)]
     assert config.default_model_filename == version.manifest.variants["fp32"].file

@@ -13,7 +13,7 @@ import pytest
 
 from service.batching import BatchPolicy, MicroBatcher, QueueFullError
 from service.processors.common import InvalidInputError, all_or_none, run_all
-from service.runtime import ServedModel
+from service.served import LocalEncoder, ServedModel
 
 Body = Callable[[ServedModel, MicroBatcher[str, str], threading.Event], Awaitable[None]]
 
@@ -36,7 +36,9 @@ def with_busy_engine(body: Body, max_queue: int = 4) -> list[str]:
             try:
                 busy = asyncio.ensure_future(batcher.submit("busy"))
                 await asyncio.sleep(0.05)
-                await body(cast(ServedModel, SimpleNamespace(batcher=batcher)), batcher, release)
+                await body(
+                    cast(ServedModel, SimpleNamespace(encoding=LocalEncoder(batcher))), batcher, release
+                )
                 release.set()
                 assert await busy == "busy"
             finally:

@@ -1,0 +1,148 @@
+"""A model version as a frontend serves it: manifest, tokenizer, and a handle on the engine that runs it.
+
+The handle is all the HTTP layer and the task processors see of the engine: `EncoderHandle.run` takes a
+request's tokenized sequences and gives back each one's outputs; a generator is a `TokenStreams`. Behind
+them sits either the engine in this process (`local_models`: tests, embedding) or the engine core process
+over IPC (service.client). Either way the frontend tokenizes and post-processes; the engine only batches
+and runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from service.batching import ItemTiming, MicroBatcher, all_or_none
+from service.generation.engine import EngineHooks, TokenStreams
+from service.ipc import Placement
+from service.manifest import Manifest
+from service.metrics import Metrics
+from service.repository import ModelVersion
+from service.runtime import EngineModel, EnginePlan
+from service.settings import Settings
+from service.stats import ModelStats
+from service.tokenization import EncodedText, TextEncoder
+
+Outputs = dict[str, np.ndarray]
+
+
+class EncoderHandle(Protocol):
+    async def run(
+        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming]
+    ) -> list[Outputs]:
+        """Every row's outputs, all or none: a 429 or 504 for one leaves none queued. `timings` gets
+        one entry per row (queue wait, engine time, which engine call) as they become known."""
+        ...
+
+
+@dataclass
+class ServedModel:
+    version: ModelVersion
+    encoder: TextEncoder  # the tokenizer: frontends tokenize, the engine never sees text
+    placement: Placement
+    encoding: EncoderHandle | None = None  # encoder tasks
+    generator: TokenStreams | None = None  # text generation
+    stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics, this frontend's share
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.version.manifest
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def variant(self) -> str:
+        return self.placement.variant
+
+    @property
+    def provider(self) -> str:
+        return self.placement.provider
+
+    @property
+    def plan(self) -> EnginePlan:
+        return EnginePlan(self.placement.instances, self.placement.threads)
+
+    def describe(self) -> dict[str, object]:
+        m = self.manifest
+        mask = m.special_tokens.mask
+        return {
+            "name": m.name,
+            "version": m.version,
+            "task": m.task,
+            "variant": self.variant,
+            "provider": self.provider,
+            "instances": self.placement.instances,
+            "threads_per_instance": self.placement.threads,
+            "labels": [m.labels[i] for i in sorted(m.labels)],
+            "max_sequence_length": m.max_sequence_length,
+            "variants": sorted(m.variants),
+            "rejected_variants": m.rejected_variants,
+            "mask_token": self.encoder.id_to_token(mask)
+            if mask is not None and m.task == "fill-mask"
+            else None,
+            "distillation": m.distillation.model_dump() if m.distillation else None,
+        }
+
+
+def text_encoder(version: ModelVersion) -> TextEncoder:
+    manifest = version.manifest
+    return TextEncoder(version.file(manifest.tokenizer.file), manifest.tokenizer)
+
+
+def stream_hooks(metrics: Metrics, model: str) -> EngineHooks:
+    """What a frontend measures of a stream: time to first token and between tokens."""
+    return EngineHooks(
+        on_first_token=metrics.time_to_first_token.labels(model).observe,
+        on_token=metrics.inter_token_latency.labels(model).observe,
+    )
+
+
+# -- the engine in this process ---------------------------------------------------------------------------
+
+
+class LocalEncoder:
+    """A request's rows straight into the model's micro-batcher."""
+
+    def __init__(self, batcher: MicroBatcher[EncodedText, Outputs]) -> None:
+        self.batcher = batcher
+
+    async def run(
+        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming]
+    ) -> list[Outputs]:
+        if len(rows) == 1:  # the common case: no task per row
+            timings.append(ItemTiming())
+            return [await self.batcher.submit(rows[0], timeout_s=timeout_s, timing=timings[-1])]
+        self.batcher.check_room(len(rows))  # QueueTooSmallError, QueueFullError: before anything queues
+        timings.extend(ItemTiming() for _ in rows)
+        return await all_or_none(
+            self.batcher.submit(row, timeout_s=timeout_s, timing=timing)
+            for row, timing in zip(rows, timings[-len(rows) :], strict=True)
+        )
+
+
+def local_models(models: list[EngineModel], settings: Settings, metrics: Metrics) -> list[ServedModel]:
+    """Frontend views on engine models loaded in this process; the engine's statistics are shared."""
+    served = []
+    for model in models:
+        view = ServedModel(model.version, text_encoder(model.version), model.placement(), stats=model.stats)
+        if model.batcher is not None:
+            view.encoding = LocalEncoder(model.batcher)
+        if model.generation is not None:
+            core = model.generation
+            streams = TokenStreams(
+                view.encoder.text_stream,
+                admit=core.add,
+                release=lambda seq, core=core: core.wake(),  # type: ignore[misc]
+                max_cached_tokens=core.max_cached_tokens,
+                hooks=stream_hooks(metrics, model.name),
+                stream_interval_s=settings.gen_stream_interval_ms / 1000.0,
+            )
+            core.bind(streams.deliver, streams.fail)
+            view.generator = streams
+        served.append(view)
+    return served
