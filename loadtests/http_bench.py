@@ -3,7 +3,7 @@
     python -m loadtests.http_bench run --repository models --demo build/demo --out docs/bench
 
 - classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
-  DISTILSERVE_MAX_BATCH_SIZE=1, each in one process and in --workers processes, vs a naive FastAPI +
+  DISTILSERVE_MAX_BATCH_SIZE=1, each with one HTTP frontend and with --frontends, vs a naive FastAPI +
   transformers pipeline server, at 1, 8 and 64 connections; and at 64, the same engine and batcher
   behind a bare ASGI callable (loadtests/bare_server.py), about the most a Python HTTP layer in front of
   it could serve,
@@ -41,6 +41,7 @@ from rich.console import Console
 
 from common.cli import cli_app
 from common.progress import ProgressLog
+from loadtests.process_cpu import cpu_by_thread_name, per_request_ms
 from loadtests.shapes import MINILM_BERT_CONFIG
 from loadtests.texts import CONTEXT, QUESTIONS, reviews
 
@@ -74,6 +75,7 @@ class LoadResult:
     mean_batch: float | None = None
     padding_efficiency: float | None = None
     engine_busy: float | None = None  # share of the time the engine instances were running batches
+    cpu_ms: dict[str, float] | None = None  # CPU per request by thread name (frontend, core loop, engine)
 
 
 # -- processes ------------------------------------------------------------------------------------------
@@ -101,10 +103,13 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 18
     raise TimeoutError(f"{url} did not become ready")
 
 
+SERVER_PIDS: dict[str, int] = {}  # base URL -> the server's process, for its CPU per request
+
+
 @contextmanager
 def running(
     command: list[str], wait: Callable[[subprocess.Popen[bytes]], None], env: dict[str, str]
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run a server until the block ends; `wait` returns once it answers, else its log is in the error."""
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
@@ -115,7 +120,7 @@ def running(
                 log.seek(0)
                 tail = log.read().decode(errors="replace")[-4000:]
                 raise RuntimeError(f"{' '.join(command[1:4])}: {e}\n{tail}") from e
-            yield
+            yield process
         finally:
             process.terminate()
             process.wait(timeout=60)
@@ -133,8 +138,12 @@ def serve(
         command,
         lambda process: wait_ready(f"{base}{ready}", process),
         {"DISTILSERVE_LOG_LEVEL": "warning", **env},
-    ):
-        yield base
+    ) as process:
+        SERVER_PIDS[base] = process.pid
+        try:
+            yield base
+        finally:
+            SERVER_PIDS.pop(base, None)
 
 
 @contextmanager
@@ -194,16 +203,19 @@ def metric_totals(base: str) -> dict[str, float]:
 
 
 def engine_instances(base: str) -> int:
-    """Engine calls the server runs at once for an encoder model: instances x worker processes."""
+    """Engine calls the server runs at once for an encoder model (in its one engine core)."""
     cards = httpx.get(f"{base}/v1/models", timeout=10).json()["models"]
     encoders = [c for c in cards if c["task"] != "text-generation"]
-    return max((c["instances"] * c.get("workers", 1) for c in encoders), default=1)
+    return max((c["instances"] for c in encoders), default=1)
 
 
 def load(name: str, base: str, path: str, bodies: list[str], connections: int, seconds: int) -> LoadResult:
     before = metric_totals(base) if name != "naive" else {}
     instances = engine_instances(base) if name != "naive" else 1
+    pid = SERVER_PIDS.get(base)
+    cpu_before = cpu_by_thread_name(pid) if pid is not None else {}
     out = wrk(base, path, bodies, connections, seconds)
+    cpu_after = cpu_by_thread_name(pid) if pid is not None else {}
     result = LoadResult(
         server=name,
         connections=connections,
@@ -212,6 +224,7 @@ def load(name: str, base: str, path: str, bodies: list[str], connections: int, s
         p99_ms=out["p99_us"] / 1000,
         errors=out["status_errors"] + out["socket_errors"],
         client_cpu=out["client_cpu"],
+        cpu_ms=per_request_ms(cpu_before, cpu_after, out["requests"]) if pid is not None else None,
     )
     if name != "naive":
         after = metric_totals(base)
@@ -517,7 +530,7 @@ def render(
 
 
 def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
-    """The service issue's bars for one model, each with this run's figures and whether it holds."""
+    """The service issues' bars for one model, each with this run's figures and whether it holds."""
     at = {(r.server, r.connections): r for r in loads}
     batched = [r for r in loads if r.server.startswith("batching") and r.connections == 64]
     lines = ["Bars (64 clients unless said):", ""]
@@ -528,10 +541,11 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
     if batched:
         ratios = [r.rps / best_raw for r in batched]
         figures = ", ".join(f"{x:.2f} ({r.server})" for x, r in zip(ratios, batched, strict=True))
-        bar("served ÷ best raw ≥ 0.80", max(ratios) >= 0.8, figures)
+        floor = 0.3 if device == "gpu" else 0.9
+        bar(f"served ÷ best raw ≥ {floor:g}", max(ratios) >= floor, figures)
     on = at.get(("batching", 64))
-    pairs = [  # batching against batch 1 with as many processes: one, and --workers if served
-        (r.rps / off_n.rps, r.server.removeprefix("batching, ") if "workers" in r.server else "1 process")
+    pairs = [  # batching against batch 1 with as many frontends
+        (r.rps / off_n.rps, r.server.removeprefix("batching, ") if "frontends" in r.server else "1 frontend")
         for r in batched
         if (off_n := at.get((r.server.replace("batching", "batch-1", 1), 64)))
     ]
@@ -543,6 +557,15 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
             else ", ".join(f"{ratio:.2f}x ({processes})" for ratio, processes in pairs)
         )
         bar(f"batching ÷ batch 1 ≥ {floor:g}x", max(p[0] for p in pairs) >= floor, figures)
+    several = next((r for r in batched if "frontends" in r.server), None)
+    if on and several:
+        gain = several.rps / on.rps
+        batch = (several.mean_batch or 0) / on.mean_batch if on.mean_batch else 0.0
+        bar(
+            f"{several.server.removeprefix('batching, ')} ÷ 1: throughput ≥ 1.0x and mean batch ≥ 0.9x",
+            gain >= 1.0 and batch >= 0.9,
+            f"{gain:.2f}x, batch {batch:.2f}x",
+        )
     if on and on.padding_efficiency is not None:
         bar("padding efficiency ≥ 0.85", on.padding_efficiency >= 0.85, f"{on.padding_efficiency:.2f}")
     lone_on, lone_off = at.get(("batching", 1)), at.get(("batch-1", 1))
@@ -558,13 +581,20 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
         bar("≥ 3x the naive server", on.rps / naive.rps >= 3.0, f"{on.rps / naive.rps:.1f}x")
     bare = at.get((BARE, 64))
     if on and bare:
-        lines += [
-            "",
-            f"For scale: the bare ASGI server (loadtests/bare_server.py: this engine and batcher behind "
-            f"nothing but uvicorn and json) reaches {bare.rps / best_raw:.2f} of best raw, about the most "
-            f"a Python HTTP layer gets from this engine here; the service reaches {on.rps / bare.rps:.2f} "
-            "of it.",
-        ]
+        best = max(batched, key=lambda r: r.rps)
+        bar(
+            "served ÷ the bare ASGI server ≥ 0.9",
+            best.rps / bare.rps >= 0.9,
+            f"{best.rps / bare.rps:.2f} ({best.server}); the bare server (loadtests/bare_server.py: this "
+            f"engine and batcher in one process behind nothing but uvicorn and json) reaches "
+            f"{bare.rps / best_raw:.2f} of best raw",
+        )
+    cpu = [r for r in loads if r.connections == 64 and r.cpu_ms]
+    if cpu:
+        lines += ["", "CPU per request at 64 clients, ms, by thread (from /proc):", ""]
+        for r in cpu:
+            assert r.cpu_ms is not None
+            lines.append(f"- {r.server}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_ms.items()))
     return lines
 
 
@@ -650,13 +680,14 @@ def generation_pairs(
 BARE = "bare ASGI"  # the ceiling reference (loadtests/bare_server.py), at 64 clients only
 
 
-def classification_servers(workers: int) -> list[tuple[str, dict[str, str]]]:
+def classification_servers(frontends: int) -> list[tuple[str, dict[str, str]]]:
     """The service configurations each classification model is loaded with, by the name the report uses."""
-    servers = [("batching", {}), ("batch-1", {"DISTILSERVE_MAX_BATCH_SIZE": "1"})]
-    if workers > 1:  # a pair again: batching's gain is only measured against batch 1 with as many processes
-        processes = {"DISTILSERVE_WORKERS": str(workers)}
-        servers.append((f"batching, {workers} workers", processes))
-        servers.append((f"batch-1, {workers} workers", {**processes, "DISTILSERVE_MAX_BATCH_SIZE": "1"}))
+    one = {"DISTILSERVE_FRONTENDS": "1"}
+    servers = [("batching", one), ("batch-1", {**one, "DISTILSERVE_MAX_BATCH_SIZE": "1"})]
+    if frontends > 1:  # a pair again: batching's gain is only measured against batch 1 with as many
+        several = {"DISTILSERVE_FRONTENDS": str(frontends)}
+        servers.append((f"batching, {frontends} frontends", several))
+        servers.append((f"batch-1, {frontends} frontends", {**several, "DISTILSERVE_MAX_BATCH_SIZE": "1"}))
     return servers
 
 
@@ -678,8 +709,8 @@ def run(
     work: Annotated[
         Path, typer.Option(help="The benchmark's repository: --repository plus a MiniLM-shaped model.")
     ] = Path("build/bench-models"),
-    workers: Annotated[
-        int, typer.Option(help="Also serve with this many worker processes (DISTILSERVE_WORKERS); 1: skip.")
+    frontends: Annotated[
+        int, typer.Option(help="Also serve with this many HTTP frontends (DISTILSERVE_FRONTENDS); 1: skip.")
     ] = 2,
 ) -> None:
     """Run every measurement of the service benchmark once and write the report."""
@@ -697,7 +728,7 @@ def run(
         os.environ["DISTILSERVE_REQUIRE_GPU"] = "1"
     bodies = [json.dumps({"inputs": t}) for t in reviews(2000, seed=2)]
     classification: dict[str, Any] = {}
-    servers = classification_servers(workers)
+    servers = classification_servers(frontends)
     runs = [
         (streams, pair) for streams in (1, 4, 16) for pair in range(GENERATION_PAIRS if streams == 16 else 1)
     ]

@@ -82,25 +82,35 @@ def test_the_report_states_each_bar_with_its_figures_and_verdict() -> None:
         result("batch-1", 1, 100, p50_ms=2.0),
         result("batching", 64, 700),
         result("batch-1", 64, 500),
-        result("batching, 2 workers", 64, 900),
+        result("batching, 2 frontends", 64, 920),
         result("naive", 64, 100),
     ]
-    assert bars(loads, 1000.0, "cpu")[2:7] == [
-        "- served ÷ best raw ≥ 0.80: 0.70 (batching), 0.90 (batching, 2 workers) ✔",
+    assert bars(loads, 1000.0, "cpu")[2:8] == [
+        "- served ÷ best raw ≥ 0.9: 0.70 (batching), 0.92 (batching, 2 frontends) ✔",
         "- batching ÷ batch 1 ≥ 1x: 1.40x ✔",
+        "- 2 frontends ÷ 1: throughput ≥ 1.0x and mean batch ≥ 0.9x: 1.31x, batch 1.00x ✔",
         "- padding efficiency ≥ 0.85: 0.90 ✔",
         "- 1 client: p50 within 1 ms of batch 1: 3.4 vs 2.0 ms ✘",
         "- ≥ 3x the naive server: 7.0x ✔",
     ]
-    assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in bars(loads, 1000.0, "gpu")
-    # with --workers, batching is also set against batch 1 run with as many processes
-    same_processes = bars([*loads, result("batch-1, 2 workers", 64, 600)], 1000.0, "cpu")
-    assert "- batching ÷ batch 1 ≥ 1x: 1.40x (1 process), 1.50x (2 workers) ✔" in same_processes
-    with_bare = bars([*loads, result(BARE, 64, 875)], 1000.0, "cpu")[-1]
-    assert "reaches 0.88 of best raw" in with_bare and "the service reaches 0.80 of it" in with_bare
+    gpu = bars(loads, 1000.0, "gpu")
+    assert "- batching ÷ batch 1 ≥ 10x: 1.40x ✘" in gpu
+    assert "- served ÷ best raw ≥ 0.3: 0.70 (batching), 0.92 (batching, 2 frontends) ✔" in gpu
+    # with --frontends, batching is also set against batch 1 run with as many frontends
+    same_processes = bars([*loads, result("batch-1, 2 frontends", 64, 600)], 1000.0, "cpu")
+    assert "- batching ÷ batch 1 ≥ 1x: 1.40x (1 frontend), 1.53x (2 frontends) ✔" in same_processes
+    with_bare = bars([*loads, result(BARE, 64, 1000)], 1000.0, "cpu")
+    assert any(
+        line.startswith("- served ÷ the bare ASGI server ≥ 0.9: 0.92 (batching, 2 frontends)")
+        and "reaches 1.00 of best raw" in line
+        and line.endswith("✔")
+        for line in with_bare
+    )
+    loads[2].cpu_ms = {"ds-engine": 0.8, "ds-frontend": 0.31}
+    assert bars(loads, 1000.0, "cpu")[-1] == "- batching: ds-engine 0.800, ds-frontend 0.310"
     loads[2].engine_busy = 0.5
     section = {"raw": {"b8": 1000.0}, "load": loads}
     report = render({"m": section}, [], [])
-    assert "0.70 (batching), 0.90 (batching, 2 workers) ✔" in report
+    assert "0.70 (batching), 0.92 (batching, 2 frontends) ✔" in report
     assert "| batching | 64 | 700 | 10.0 | 20.0 | 0 | 4.0 | 0.90 | 0.70 | 50% | 1% |" in report
     assert "| naive | 64 | 100 | 10.0 | 20.0 | 0 | 4.0 | 0.90 | 0.10 | - | 1% |" in report
