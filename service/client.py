@@ -295,19 +295,30 @@ class RemoteEncoder:
         except BaseException:
             engine.forget(request_id)
             raise
+        # A plain timer, not wait_for (a second future and a callback per request): the core answers 504
+        # itself for work still queued at the deadline; this only ends a wait for a core gone silent.
+        late = asyncio.get_running_loop().call_later(
+            timeout_s + self._late_s, self._too_late, future, timeout_s
+        )
         try:
-            message, frames = await asyncio.wait_for(future, timeout_s + self._late_s)
-        except TimeoutError:
-            engine.abort(request_id)
-            raise DeadlineExceededError(f"no answer from the engine within {timeout_s:g} s") from None
+            message, frames = await future
         except asyncio.CancelledError:
             engine.abort(request_id)  # the client left: its rows leave the core's queue
             raise
+        except DeadlineExceededError:
+            engine.abort(request_id)
+            raise
         finally:
+            late.cancel()
             engine.forget(request_id)
         for queue_s, run_s, batch in zip(message.queue_s, message.run_s, message.batches, strict=True):
             timings.append(ItemTiming(queue_s, run_s, None if batch < 0 else batch))
         return ipc.result_rows(message, frames)
+
+    @staticmethod
+    def _too_late(future: asyncio.Future[tuple[ipc.Encoded, list[bytes]]], timeout_s: float) -> None:
+        if not future.done():
+            future.set_exception(DeadlineExceededError(f"no answer from the engine within {timeout_s:g} s"))
 
 
 class RemoteGenerator(TokenStreams):

@@ -18,15 +18,40 @@ import socket
 import sys
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api.disconnect import CANCELS, GONE, WORK
 from service.api.drain import DrainGate
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3  # what uvicorn.run exits with when the app cannot start
+
+
+class CancellingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol, which also cancels a request's registered work the moment its connection
+    drops (service.api.disconnect): a client that leaves takes its queued work with it, at no cost per
+    request (a watcher task per request cost the event loop ~50-100 us)."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.scope[CANCELS] = True  # type: ignore[literal-required]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is None or not cycle.disconnected:
+            return
+        scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+        work = scope.get(WORK)
+        if work is not None and not work.done():
+            scope[GONE] = True
+            work.cancel()
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,6 +109,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # the app writes its own access lines (service.api.access)
+        http=CancellingHttpToolsProtocol,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     server = DrainingServer(config, app, settings.shutdown_grace_s)

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.api.deps import json_collaborators
-from service.api.disconnect import cancel_on_disconnect
+from service.api.disconnect import until_disconnect
 
 TASK_PARAMETERS = ["body", "request", "c"]
 
@@ -54,7 +54,8 @@ class TaskRoute(APIRoute):
         async def handle(request: Request) -> Response:
             c = await json_collaborators(request)  # 415 before the body is read
             parsed = parse_body(body, await request.body())
-            result = await cancel_on_disconnect(request.receive, endpoint(body=parsed, request=request, c=c))
+            work = endpoint(body=parsed, request=request, c=c)
+            result = await until_disconnect(request.scope, request.receive, work)
             if isinstance(result, Response):  # a stream
                 return result
             return Response(answer.dump_json(result), status_code=status, media_type="application/json")

@@ -36,7 +36,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from service.api.deps import Collaborators, collaborators, label_request
-from service.api.disconnect import cancel_on_disconnect
+from service.api.disconnect import until_disconnect
 from service.api.errors import response_for
 from service.api.generate import sampling
 from service.api.schemas import ClassifyRequest, FillMaskRequest, GenerateRequest, QARequest
@@ -388,8 +388,8 @@ async def infer(request: Request, c: Collaborators, name: str, version: str | No
         raise TensorError(f"input {task.inputs[0]}: the batch is empty")
     c.check_batch(batch)
     timeout_s = deadline_s(parsed.parameters, c.settings.request_timeout_s)
-    tensors = await cancel_on_disconnect(
-        request.receive, task.run(Job(model, texts, parsed.parameters, c, timeout_s))
+    tensors = await until_disconnect(
+        request.scope, request.receive, task.run(Job(model, texts, parsed.parameters, c, timeout_s))
     )
     head: dict[str, Any] = {"model_name": model.name, "model_version": str(model.manifest.version)}
     if parsed.id is not None:
