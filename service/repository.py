@@ -41,6 +41,20 @@ class ModelVersion:
         return self.directory / relative
 
 
+class OfVersion:
+    """What a model version's holders (the engine's and a frontend's) read through it."""
+
+    version: ModelVersion
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.version.manifest
+
+    @property
+    def name(self) -> str:
+        return self.version.manifest.name
+
+
 @dataclass
 class RepositoryScan:
     versions: list[ModelVersion] = field(default_factory=list)

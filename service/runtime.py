@@ -19,7 +19,7 @@ from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.ipc import Executions, Placement
 from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
-from service.repository import ModelVersion, RepositoryError, scan_repository
+from service.repository import ModelVersion, OfVersion, RepositoryError, scan_repository
 from service.settings import Settings
 from service.stats import ModelStats
 from service.tasks.classification import with_probabilities
@@ -144,7 +144,7 @@ def per_position_outputs(manifest: Manifest) -> frozenset[str]:
 
 
 @dataclass
-class EngineModel:
+class EngineModel(OfVersion):
     """One model version as the engine core runs it: its session, and its batcher or generation core."""
 
     version: ModelVersion
@@ -156,14 +156,6 @@ class EngineModel:
     batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] | None = None
     generation: GenerationCore | None = None  # text generation: the continuous-batching engine thread
     stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics: the engine calls
-
-    @property
-    def manifest(self) -> Manifest:
-        return self.version.manifest
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name
 
     def placement(self) -> Placement:
         max_queue = self.batcher.policy.max_queue if self.batcher is not None else 0
@@ -238,15 +230,9 @@ def _generation_core(
         Scheduler(config),
         layout.eos_token_id,
         executor,
-        deliver=_unbound,
-        fail=_unbound,
         on_step=hooks.on_step,
         on_queue=hooks.on_queue,
     )
-
-
-def _unbound(*args: object) -> None:
-    raise RuntimeError("the generation core's deliver and fail were never bound")
 
 
 def counting_batches(

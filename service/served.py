@@ -16,11 +16,10 @@ from typing import Protocol
 import numpy as np
 
 from service.batching import ItemTiming, MicroBatcher, all_or_none
-from service.generation.engine import EngineHooks, TokenStreams
+from service.generation.engine import EngineHooks, GenerationEngine, TokenStreams
 from service.ipc import Placement
-from service.manifest import Manifest
 from service.metrics import Metrics
-from service.repository import ModelVersion
+from service.repository import ModelVersion, OfVersion
 from service.runtime import EngineModel, EnginePlan
 from service.settings import Settings
 from service.stats import ModelStats
@@ -39,21 +38,13 @@ class EncoderHandle(Protocol):
 
 
 @dataclass
-class ServedModel:
+class ServedModel(OfVersion):
     version: ModelVersion
     encoder: TextEncoder  # the tokenizer: frontends tokenize, the engine never sees text
     placement: Placement
     encoding: EncoderHandle | None = None  # encoder tasks
     generator: TokenStreams | None = None  # text generation
     stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics, this frontend's share
-
-    @property
-    def manifest(self) -> Manifest:
-        return self.version.manifest
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name
 
     @property
     def variant(self) -> str:
@@ -133,16 +124,11 @@ def local_models(models: list[EngineModel], settings: Settings, metrics: Metrics
         if model.batcher is not None:
             view.encoding = LocalEncoder(model.batcher)
         if model.generation is not None:
-            core = model.generation
-            streams = TokenStreams(
+            view.generator = GenerationEngine.around(
+                model.generation,
                 view.encoder.text_stream,
-                admit=core.add,
-                release=lambda seq, core=core: core.wake(),  # type: ignore[misc]
-                max_cached_tokens=core.max_cached_tokens,
-                hooks=stream_hooks(metrics, model.name),
-                stream_interval_s=settings.gen_stream_interval_ms / 1000.0,
+                stream_hooks(metrics, model.name),
+                settings.gen_stream_interval_ms / 1000.0,
             )
-            core.bind(streams.deliver, streams.fail)
-            view.generator = streams
         served.append(view)
     return served

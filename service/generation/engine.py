@@ -46,8 +46,9 @@ class EngineHooks:
 class GenerationCore:
     """The engine thread's half: admission, scheduling, running steps, recording tokens (eos, length).
 
-    What it produced goes to `deliver` and what failed to `fail`, both called on the event loop it was
-    started in, one call per step. Nothing here detokenizes or knows of clients."""
+    What it produced goes to `deliver` and what failed to `fail` (given here or bound before `start`), both
+    called on the event loop it was started in, one call per step. Nothing here detokenizes or knows of
+    clients."""
 
     def __init__(
         self,
@@ -55,8 +56,8 @@ class GenerationCore:
         scheduler: Scheduler,
         eos_token_id: int | None,
         executor: Executor,
-        deliver: Callable[[list[Produced]], None],
-        fail: Callable[[list[GenSequence], Exception], None],
+        deliver: Callable[[list[Produced]], None] | None = None,
+        fail: Callable[[list[GenSequence], Exception], None] | None = None,
         on_step: Callable[[StepPlan, StepResult], None] | None = None,
         on_queue: Callable[[int, int], None] | None = None,
     ) -> None:
@@ -64,8 +65,8 @@ class GenerationCore:
         self.scheduler = scheduler
         self.eos_token_id = eos_token_id
         self._executor = executor
-        self._deliver = deliver
-        self._fail = fail
+        self._deliver = deliver or _unbound
+        self._fail = fail or _unbound
         self._on_step = on_step
         self._on_queue = on_queue
         self._lock = threading.Lock()  # guards the scheduler: the loop adds, the engine thread plans
@@ -309,24 +310,42 @@ class GenerationEngine(TokenStreams):
         stream_interval_s: float = 0.0,
     ) -> None:
         hooks = hooks or EngineHooks()
-        self.core = GenerationCore(
-            runner,
-            scheduler,
-            eos_token_id,
-            executor,
-            deliver=self.deliver,
-            fail=self.fail,
-            on_step=hooks.on_step,
-            on_queue=hooks.on_queue,
+        core = GenerationCore(
+            runner, scheduler, eos_token_id, executor, on_step=hooks.on_step, on_queue=hooks.on_queue
         )
-        super().__init__(
+        self._attach(core, detokenizer, hooks, stream_interval_s)
+
+    @classmethod
+    def around(
+        cls,
+        core: GenerationCore,
+        detokenizer: Callable[[], Detokenizer],
+        hooks: EngineHooks | None = None,
+        stream_interval_s: float = 0.0,
+    ) -> GenerationEngine:
+        """Streams for a core built elsewhere (service.runtime), in this process."""
+        engine = cls.__new__(cls)
+        engine._attach(core, detokenizer, hooks, stream_interval_s)
+        return engine
+
+    def _attach(
+        self,
+        core: GenerationCore,
+        detokenizer: Callable[[], Detokenizer],
+        hooks: EngineHooks | None,
+        stream_interval_s: float,
+    ) -> None:
+        self.core = core
+        TokenStreams.__init__(
+            self,
             detokenizer,
-            admit=self.core.add,
-            release=lambda seq: self.core.wake(),
-            max_cached_tokens=self.core.max_cached_tokens,
+            admit=core.add,
+            release=lambda seq: core.wake(),
+            max_cached_tokens=core.max_cached_tokens,
             hooks=hooks,
             stream_interval_s=stream_interval_s,
         )
+        core.bind(self.deliver, self.fail)
 
     @property
     def runner(self) -> DecoderRunner:
@@ -341,6 +360,10 @@ class GenerationEngine(TokenStreams):
 
     async def close(self) -> None:
         await self.core.close()
+
+
+def _unbound(*args: object) -> None:
+    raise RuntimeError("the generation core's deliver and fail were never bound")
 
 
 def _unsent(seq: GenSequence, final: bool) -> str:
