@@ -14,6 +14,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from common.provenance import git_revision, sha256_of
 from export.greedy import greedy_match
 from export.onnx_export import describe_graph, export_onnx
 from export.parity import BOUNDS, Feeds, Outputs, ParityReport, compare
@@ -40,8 +41,6 @@ from service.manifest import (
     TokenizerSpec,
     VariantSpec,
 )
-from service.repository import sha256_of
-from training.report import git_revision
 
 GREEDY_PROMPTS = 8
 GREEDY_NEW_TOKENS = 16

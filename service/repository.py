@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from common.provenance import sha256_of
 from service.manifest import MANIFEST_FILE, Manifest
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,6 @@ class OfVersion:
 class RepositoryScan:
     versions: list[ModelVersion] = field(default_factory=list)
     errors: list[RepositoryError] = field(default_factory=list)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_file(path: Path, sha256: str, size: int | None) -> None:

@@ -3,7 +3,7 @@
 Offers the names of the `training.runs.Task` protocol, as `training.classification` does. A question and a
 long context become several windows of `max_length` tokens that share `doc_stride` context tokens; the model
 scores every token as the answer's start and end, and the answer is the best valid span over all of an
-example's windows (`service.tasks.qa`: numpy only, the same code the service answers with).
+example's windows (`common.spans`: numpy only, the same code the service answers with).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from service.tasks.qa import MAX_ANSWER_LENGTH, NOT_CONTEXT, Span, answer_text, best_span
+from common.spans import MAX_ANSWER_LENGTH, NOT_CONTEXT, Span, answer_text, best_span
 from training import steps
 from training.batches import make_dataloader, pad
 from training.data.loaders import load_squad
@@ -268,7 +268,7 @@ def spans_from_logits(
     *,
     max_answer_length: int = MAX_ANSWER_LENGTH,
 ) -> list[Span | None]:
-    """Each example's best span over all its windows (`service.tasks.qa.best_span`); None without windows."""
+    """Each example's best span over all its windows (`common.spans.best_span`); None without windows."""
     grouped: list[list[int]] = [[] for _ in range(n_examples)]
     for i, window in enumerate(windows):
         grouped[window.example].append(i)

@@ -7,11 +7,8 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import os
 import statistics
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -21,36 +18,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from common.provenance import sha256_of
+
 DISTILL_REPORT = "distill_report.json"
 TRAIN_REPORT = "train_report.json"
-
-
-def git_revision() -> str | None:
-    """The commit this code was run from (with `+dirty` if the tree has changes), or None outside git."""
-    here = Path(__file__).resolve().parent
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # read-only: `git status` must not touch the index
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=here,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{rev}+dirty" if dirty else rev or None
 
 
 def now() -> str:
@@ -95,7 +66,7 @@ def latency_ms(
 def file_sha256(path: str | Path) -> str | None:
     """Checksum of a data file, so a report says exactly which data it was trained on (None if unreadable)."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        return sha256_of(Path(path))
     except OSError:
         return None
 

@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from common.provenance import git_revision
 from training import classification, fill_mask, generation, qa
 from training.models import (
     PRESETS,
@@ -36,7 +37,6 @@ from training.report import (
     DISTILL_REPORT,
     TRAIN_REPORT,
     file_sha256,
-    git_revision,
     latency_ms,
     now,
     read_report,

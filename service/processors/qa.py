@@ -8,10 +8,10 @@ from typing import TypedDict
 
 import numpy as np
 
+from common.spans import null_score, offsets_array, span_probabilities, top_spans
 from service.metrics import Metrics
 from service.processors.common import InvalidInputError, check_chars, run_all, tokenizing
 from service.served import ServedModel
-from service.tasks.qa import null_score, offsets_array, span_probabilities, top_spans
 from service.tokenization import EncodedText
 
 

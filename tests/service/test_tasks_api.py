@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from common.spans import best_span, offsets_array
 from service.app import create_app
 from service.settings import Settings
-from service.tasks.qa import best_span, offsets_array
 from tests.conftest import TASK_MODEL_NAMES
 
 CONTEXT = (

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast
 
-from service.tasks.qa import NOT_CONTEXT, Span, answer_text, best_span, offsets_array
+from common.spans import NOT_CONTEXT, Span, answer_text, best_span, offsets_array
 from training import qa, steps
 from training.data.demo import write_demo_data
 from training.data.types import Answer, QAExample
