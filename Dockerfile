@@ -54,6 +54,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHON
     DISTILSERVE_DEVICE=cpu DISTILSERVE_LOG_FORMAT=json
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY common ./common
 COPY service ./service
 COPY deploy/docker/healthcheck.py ./healthcheck.py
 # Base dependencies + onnxruntime (the `cpu` extra): nothing of training or export.
@@ -79,6 +80,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && python3 -m venv /opt/venv
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY common ./common
 COPY service ./service
 COPY deploy/docker/healthcheck.py ./healthcheck.py
 # Base dependencies + onnxruntime-gpu alone: CUDA and cuDNN come with the base image, so not the pip
