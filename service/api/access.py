@@ -64,7 +64,7 @@ def access_fields(
 ) -> dict[str, Any]:
     state = scope.get("state", {})
     client = scope.get("client")
-    return {
+    fields: dict[str, Any] = {
         "time": arrived.isoformat(timespec="milliseconds"),
         "request_id": context.request_id,
         "method": scope["method"],
@@ -79,6 +79,9 @@ def access_fields(
         "truncated": context.truncated,
         "client": f"{client[0]}:{client[1]}" if client else None,
     }
+    if "stream_error" in state:  # the status was sent before the stream failed
+        fields["error"] = state["stream_error"]
+    return fields
 
 
 class AccessMiddleware:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -25,6 +26,7 @@ from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.processors.generation import complete, open_stream, prepare
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["generation"], route_class=TaskRoute)
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -73,10 +75,24 @@ async def generate(
             tokens=result["tokens"],
             finish_reason=result["finish_reason"],
         )
-    return event_stream(_generate_events(*await open_stream(prepared)))  # a 429 is still a 429
+    events = _generate_events(*await open_stream(prepared), failed=failure_recorder(request))
+    return event_stream(events)  # opened first: a 429 is still a 429
 
 
-async def _generate_events(seq: Sequence, groups: AsyncIterator[list[TokenEvent]]) -> AsyncIterator[bytes]:
+def failure_recorder(request: Request) -> Callable[[Exception], None]:
+    """How a stream that fails after its first event says so: the 200 is sent, so the request metrics
+    count it as a 500 and its access line carries the error (service.api.middleware, service.api.access)."""
+
+    def failed(error: Exception) -> None:
+        request.state.stream_error = str(error) or type(error).__name__
+        log.error("a stream failed after it started: %s", error)
+
+    return failed
+
+
+async def _generate_events(
+    seq: Sequence, groups: AsyncIterator[list[TokenEvent]], failed: Callable[[Exception], None]
+) -> AsyncIterator[bytes]:
     text = []
     try:
         async for group in groups:
@@ -89,6 +105,7 @@ async def _generate_events(seq: Sequence, groups: AsyncIterator[list[TokenEvent]
                     chunk.append(sse(final | {"tokens": seq.streamed}))
             yield b"".join(chunk)
     except Exception as e:  # the stream has started: the error travels as an event
+        failed(e)
         yield sse({"error": str(e), "error_type": "backend"})
 
 
@@ -104,7 +121,10 @@ async def completions(
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         seq, groups = await open_stream(prepared)  # a 429 is still a 429
-        return event_stream(_completion_chunks(seq, groups, completion_id, created, model.name, usage))
+        failed = failure_recorder(request)
+        return event_stream(
+            _completion_chunks(seq, groups, completion_id, created, model.name, usage, failed)
+        )
     result = await complete(prepared)
     return {
         "id": completion_id,
@@ -138,6 +158,7 @@ async def _completion_chunks(
     created: int,
     model: str,
     include_usage: bool,
+    failed: Callable[[Exception], None],
 ) -> AsyncIterator[bytes]:
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -158,5 +179,6 @@ async def _completion_chunks(
             final = chunk("", None) | {"choices": [], "usage": _usage(len(seq.prompt), seq.streamed)}
             yield sse(final)
     except Exception as e:  # the stream has started: the error travels as an event
+        failed(e)
         yield sse({"error": {"message": str(e), "type": "server_error"}})
     yield sse("[DONE]")

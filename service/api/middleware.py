@@ -3,7 +3,7 @@ request for a model also goes into that model's statistics (`service.stats`, Tri
 
 Reads (GET, HEAD, OPTIONS: probes, metadata, /metrics, /docs, and v2's repository index, a POST that only
 reads) are not counted: they would show as requests refused before a model was chosen, the one thing an
-empty model label means.
+empty model label means. A stream that fails after its first event (its 200 already sent) counts as 500.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class RequestMetricsMiddleware:
             self.metrics.in_flight.dec()
             elapsed = time.perf_counter() - started
             state = scope.get("state", {})
+            if "stream_error" in state:  # a 200 whose stream failed after it started: a server failure
+                status = 500
             model, task = state.get("model", ""), state.get("task", "")
             count, duration = self.metrics.request_series(model, task, status)
             count.inc()

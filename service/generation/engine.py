@@ -229,7 +229,11 @@ class TokenStreams:
                 while not seq.events.empty():
                     group.append(seq.events.get_nowait())
                 if seq.error is not None:
-                    raise seq.error
+                    # Tokens made before the failure still go out (one group), then the failure does.
+                    group = [e for e in group if e.token_id is not None]
+                    if not group:
+                        raise seq.error
+                    seq.events.put_nowait(TokenEvent(None, "", None))
                 handed_out = loop.time()
                 yield group
                 if group[-1].finish_reason is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from service.engine import EngineError
+from service.runtime import ort_engine_factory
 from service.settings import Settings
 from tests.conftest import TASK_MODEL_NAMES
 
@@ -199,3 +202,57 @@ def test_openai_knobs_this_server_lacks_are_refused_not_ignored(
 ) -> None:
     message = error(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, field: value}))
     assert message == f"body: not supported by this server: {field}"
+
+
+# -- a stream that fails after it started ---------------------------------------------------------------
+
+
+class FailsOnThirdCall:
+    """The decoder, failing at its third call (a prefill and a decode step stream two tokens first)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.calls = engine, 0
+        self.provider, self.input_names = engine.provider, engine.input_names
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 3:
+            raise EngineError("ONNX Runtime failed: the device fell off the bus")
+        return self.engine.run(feeds)
+
+
+def failing_factory(version: Any, variant: str, settings: Settings) -> Any:
+    return FailsOnThirdCall(ort_engine_factory(version, variant, settings))
+
+
+@pytest.mark.parametrize("path", ["/v1/generate", "/v1/completions"])
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_counts_as_a_failure(
+    lm_repository: Path, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(model_repository=lm_repository, warmup=False, gen_stream_interval_ms=0)
+    body: dict[str, Any] = {"stream": True, "ignore_eos": True}
+    body |= {"prompt": "The film was", "max_new_tokens": 8}
+    if path == "/v1/completions":
+        body = {**body, "model": LM, "max_tokens": body.pop("max_new_tokens")}
+    with TestClient(create_app(settings, failing_factory)) as client:
+        with (
+            caplog.at_level(logging.INFO, logger="distilserve.access"),
+            client.stream("POST", path, json=body) as r,
+        ):
+            assert r.status_code == 200  # sent with the first event, before the failure
+            events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+        payloads = [json.loads(e) for e in events if e != "[DONE]"]
+        tokens = [p for p in payloads if "error" not in p]
+        assert len(tokens) == 2, events
+        assert all(p.get("finish_reason") is None for p in tokens)
+        assert "error" in payloads[-1] and "fell off the bus" in json.dumps(payloads[-1]["error"])
+        if path == "/v1/completions":
+            assert payloads[-1]["error"]["type"] == "server_error" and events[-1] == "[DONE]"
+        metrics = client.get("/metrics").text
+        failed = f'distilserve_requests_total{{model="{LM}",status="500",task="text-generation"}} 1.0'
+        assert failed in metrics and 'status="200",task="text-generation"' not in metrics
+        (line,) = [r for r in caplog.records if r.name == "distilserve.access" and path in r.getMessage()]
+        assert "fell off the bus" in line.access["error"]  # type: ignore[attr-defined]
+        # the failed sequence left the running batch: the engine serves the next request whole
+        again = client.post("/v1/generate", json={"prompt": "The film was", "max_new_tokens": 4})
+        assert again.status_code == 200 and again.json()["tokens"] == 4
