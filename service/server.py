@@ -32,17 +32,47 @@ log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3  # what uvicorn.run exits with when the app cannot start
 
 
-class CancellingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's HTTP protocol, which also cancels a request's registered work the moment its connection
-    drops (service.api.disconnect): a client that leaves takes its queued work with it, at no cost per
-    request (a watcher task per request cost the event loop ~50-100 us)."""
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with two guards of its own.
+
+    - A dropped connection cancels its request's registered work at once (service.api.disconnect): a
+      client that leaves takes its queued work with it, at no cost per request (a watcher task per
+      request cost the event loop ~50-100 us).
+    - Slow and idle clients are cut (OWASP API4): a connection must send a request's headers within
+      `header_timeout_s` of opening (or of its last answer) and its body within `body_timeout_s` of the
+      headers, else it gets a 408 and is closed. uvicorn alone waits for both forever, so a few thousand
+      connections trickling their bodies held the server.
+    """
+
+    header_timeout_s = 10.0  # set per server by `guarded_protocol`
+    body_timeout_s = 30.0
+    _guard: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout_s)  # connections that send nothing are cut too
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.header_timeout_s)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.scope[CANCELS] = True  # type: ignore[literal-required]
+        self._arm(self.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.pipeline:  # a queued request starts now: its bytes are all in
+            self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is None or not cycle.disconnected:
@@ -52,6 +82,39 @@ class CancellingHttpToolsProtocol(HttpToolsProtocol):
         if work is not None and not work.done():
             scope[GONE] = True
             work.cancel()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._guard = self.loop.call_later(seconds, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            self._guard = None
+
+    def _too_slow(self) -> None:
+        self._guard = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or not self.cycle.response_started:
+            self.transport.write(REQUEST_TIMEOUT)
+        self.transport.close()
+
+
+_TIMEOUT_BODY = b'{"error": "the request did not arrive in time", "error_type": "request_timeout"}'
+REQUEST_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
+
+
+def guarded_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class with this server's timeouts."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"header_timeout_s": settings.header_timeout_s, "body_timeout_s": settings.body_timeout_s},
+    )
 
 
 class DrainingServer(uvicorn.Server):
@@ -109,7 +172,8 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # the app writes its own access lines (service.api.access)
-        http=CancellingHttpToolsProtocol,
+        http=guarded_protocol(settings),
+        limit_concurrency=settings.max_connections or None,  # beyond: 503, requests in flight go on
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     server = DrainingServer(config, app, settings.shutdown_grace_s)

@@ -93,6 +93,21 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1024 * 1024, ge=1, description="Largest request body in bytes; a bigger one gets 413 unread."
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A connection must send a request's headers within this long of opening (or of its "
+        "last answer), else 408 and closed: idle and trickling clients cannot hold the server.",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's body must arrive within this long of its headers, else 408."
+    )
+    max_connections: int = Field(
+        1000,
+        ge=0,
+        description="Open connections (and requests) one frontend takes; beyond it new requests get 503 "
+        "at once, those in flight go on. Keep it below the process's file-descriptor limit. 0: no cap.",
+    )
     max_text_chars: int = Field(100_000, ge=1, description="Most characters in one text; longer: 422.")
     truncation: Literal["truncate", "reject"] = Field(
         "truncate",
