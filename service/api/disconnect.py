@@ -2,7 +2,7 @@
 
 uvicorn does not cancel an app when a connection closes; it answers the app's next `receive()` with
 `http.disconnect`. Under distilserve's own server (service.server) the connection itself cancels the
-request's registered work when it drops (`CancellingHttpToolsProtocol`): nothing per request but two dict
+request's registered work when it drops (`GuardedHttpToolsProtocol`): nothing per request but two dict
 entries. Elsewhere (another ASGI server, tests) one task per request waits on `receive()`, which, once the
 body is read, can only bring the disconnect, and cancels the request's task (~50-100 us of event-loop CPU a
 request on 2 cores, measured against the protocol's way). Either way a queued sequence leaves its batch
