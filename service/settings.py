@@ -103,10 +103,11 @@ class Settings(BaseSettings):
         30.0, gt=0, description="A request's body must arrive within this long of its headers, else 408."
     )
     max_connections: int = Field(
-        1000,
+        0,
         ge=0,
         description="Open connections (and requests) one frontend takes; beyond it new requests get 503 "
-        "at once, those in flight go on. Keep it below the process's file-descriptor limit. 0: no cap.",
+        "at once, those in flight go on. 0 = auto: 80 percent of the process's open-file limit, so a "
+        "flood of connections is refused before the process runs out of file descriptors.",
     )
     max_text_chars: int = Field(100_000, ge=1, description="Most characters in one text; longer: 422.")
     truncation: Literal["truncate", "reject"] = Field(
