@@ -71,51 +71,36 @@ def _main_with_plain_errors(main: Callable[..., Any], standalone_mode: bool, **k
     sys.exit(code if isinstance(code, int) else 0)
 
 
-class OneLineErrorsGroup(TyperGroup):
+class _OneLineErrors:
+    """`main` with usage errors as one line; mixed in before typer's group or command class."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        return _main_with_plain_errors(
+            super().main,  # type: ignore[misc]
+            standalone_mode,
+            args=args,
+            prog_name=prog_name,
+            complete_var=complete_var,
+            windows_expand_args=windows_expand_args,
+            **extra,
+        )
+
+
+class OneLineErrorsGroup(_OneLineErrors, TyperGroup):
     """A typer app of several commands whose usage errors are one line (`typer.Typer(cls=...)`); --help
     stays typer's rich help."""
 
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        return _main_with_plain_errors(
-            super().main,
-            standalone_mode,
-            args=args,
-            prog_name=prog_name,
-            complete_var=complete_var,
-            windows_expand_args=windows_expand_args,
-            **extra,
-        )
 
-
-class OneLineErrorsCommand(TyperCommand):
+class OneLineErrorsCommand(_OneLineErrors, TyperCommand):
     """A one-command typer app whose usage errors are one line (`app.command(cls=...)`)."""
-
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        windows_expand_args: bool = True,
-        **extra: Any,
-    ) -> Any:
-        return _main_with_plain_errors(
-            super().main,
-            standalone_mode,
-            args=args,
-            prog_name=prog_name,
-            complete_var=complete_var,
-            windows_expand_args=windows_expand_args,
-            **extra,
-        )
 
 
 def cli_app(**settings: Any) -> typer.Typer:

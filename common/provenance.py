@@ -21,25 +21,16 @@ def git_revision() -> str | None:
     """The commit this code was run from (with `+dirty` if the tree has changes), or None outside git."""
     here = Path(__file__).resolve().parent  # this checkout, whichever stage asks
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # read-only: `git status` must not touch the index
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=here, env=env, capture_output=True, text=True, timeout=5, check=True
+        )
+        return done.stdout.strip()
+
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=here,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        rev = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{rev}+dirty" if dirty else rev or None
