@@ -409,13 +409,26 @@ def split(
     eval_fraction: float = typer.Option(
         0.1, "--eval-fraction", min=0.0, max=0.9, help="Share of rows (QA: of questions) held out for eval."
     ),
+    eval_file: Path | None = typer.Option(
+        None,
+        "--eval-file",
+        exists=True,
+        dir_okay=False,
+        help="Classification: hold out this labelled file whole as eval (e.g. SST-2's test sentences) "
+        "instead of a fraction; training rows that contain one of its texts are left out.",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for the split; the same seed gives the same files."),
 ) -> None:
-    """Carve train and eval files out of one data file (SQuAD by article, WikiText by article)."""
+    """Carve train and eval files out of one data file (classification by sentence, SQuAD and WikiText by
+    article): no eval text lies word for word inside a training text."""
     console = Console()
     with _user_errors():
-        files = split_file(_check_task(task), source, out, eval_fraction, seed)
+        files = split_file(_check_task(task), source, out, eval_fraction, seed, eval_file)
     console.print(f"train: {files.train} ({files.n_train})  eval: {files.eval} ({files.n_eval})")
+    if files.left_out:
+        console.print(f"training rows left out because an eval text lies inside them: {files.left_out}")
+    if files.eval_inside_train is not None:
+        console.print(f"eval rows lying word for word inside a training row: {files.eval_inside_train}")
 
 
 def main() -> None:
