@@ -24,12 +24,13 @@ from typing import Any
 import uvicorn
 
 from service.app import LocalEngine
+from service.exchange import Exchange
 from service.logs import configure_logging
 from service.metrics import Metrics
-from service.processors.classification import classify
 from service.registry import ModelRegistry
 from service.runtime import ort_engine_factory
 from service.settings import Settings, parse_cli
+from service.tasks.classification import classify
 
 Send = Any  # the ASGI callables, untyped as in uvicorn's own signatures
 Receive = Any
@@ -70,9 +71,8 @@ class BareClassifier:
         try:
             request = json.loads(raw)
             model = self.registry.resolve("text-classification", request.get("model"), None)
-            labels = await classify(
-                model, [request["inputs"]], 1, self.metrics, self.settings.request_timeout_s
-            )
+            timeout_s = self.settings.request_timeout_s
+            labels = await classify(model, [request["inputs"]], 1, self.metrics, timeout_s, Exchange())
         except Exception as e:  # a reference server: the error's text is the whole answer
             return 400, json.dumps({"error": str(e)}).encode()
         return 200, json.dumps(labels[0]).encode()

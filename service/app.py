@@ -11,20 +11,19 @@ from typing import Protocol
 from fastapi import FastAPI
 
 from service.api import add_routes
-from service.api.access import AccessMiddleware
+from service.api.access import ExchangeMiddleware
 from service.api.auth import ApiKeyMiddleware, load_api_keys
-from service.api.deps import Collaborators
 from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
-from service.api.middleware import RequestMetricsMiddleware
+from service.exchange import TextLimits
 from service.ipc import Executions
 from service.metrics import Metrics
 from service.registry import ModelRegistry
-from service.request_context import TextLimits
 from service.runtime import EngineFactory, EngineModel, StartupError, load_engine_models, ort_engine_factory
 from service.served import ServedModel, local_models
 from service.settings import Settings
+from service.tasks.contract import Collaborators
 
 __all__ = ["StartupError", "create_app"]
 
@@ -134,12 +133,12 @@ def create_app(
     install_error_handlers(app)
     add_routes(app)
     # Innermost first: the body cap and the key check run before any body is read; the drain gate
-    # before both, so a draining process reads nothing new; the request id and access line wrap it all.
+    # before both, so a draining process reads nothing new; the exchange (request id, access line, request
+    # metrics) wraps it all.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=api_keys, protect_metrics=settings.protect_metrics)
     app.add_middleware(DrainMiddleware, gate=drain)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     limits = TextLimits(max_chars=settings.max_text_chars, truncation=settings.truncation)
-    app.add_middleware(AccessMiddleware, limits=limits)
+    app.add_middleware(ExchangeMiddleware, limits=limits, metrics=metrics)
     return app

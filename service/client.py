@@ -34,11 +34,11 @@ from service.generation.engine import Produced, TokenStreams
 from service.generation.sequence import FinishReason
 from service.generation.sequence import Sequence as GenSequence
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError
 from service.registry import ModelNotFoundError
 from service.repository import ModelVersion, scan_repository
 from service.served import Outputs, ServedModel, stream_hooks, text_encoder
 from service.settings import Settings
+from service.tasks.contract import InvalidInputError
 from service.tokenization import EncodedText
 
 EngineUnavailableError = ipc.EngineUnavailableError

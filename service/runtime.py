@@ -22,7 +22,7 @@ from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion, RepositoryError, scan_repository
 from service.settings import Settings
 from service.stats import ModelStats
-from service.tasks.classification import with_probabilities
+from service.tasks import TASKS
 from service.tokenization import EncodedText, pad_batch
 
 log = logging.getLogger(__name__)
@@ -291,10 +291,10 @@ def load_engine_model(
         hooks = counting_steps(metrics.generation_hooks(name), model.stats)
         model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks)
     else:
-        gather = manifest.special_tokens.mask if manifest.task == "fill-mask" else None
-        finish = with_probabilities if manifest.task == "text-classification" else None
+        asks = TASKS[manifest.task].engine
+        gather = asks.gather_token(manifest) if asks.gather_token is not None else None
         model.runner = EncoderRunner(
-            engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather, finish
+            engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather, asks.finish
         )
         policy = BatchPolicy(
             max_batch_size=settings.max_batch_size,

@@ -1,10 +1,10 @@
 """A model version as a frontend serves it: manifest, tokenizer, and a handle on the engine that runs it.
 
-The handle is all the HTTP layer and the task processors see of the engine: `EncoderHandle.run` takes a
-request's tokenized sequences and gives back each one's outputs; a generator is a `TokenStreams`. Behind
-them sits either the engine in this process (`local_models`: tests, embedding) or the engine core process
-over IPC (service.client). Either way the frontend tokenizes and post-processes; the engine only batches
-and runs.
+The handle is all the HTTP layer and the task modules (service.tasks) see of the engine:
+`EncoderHandle.run` takes a request's tokenized sequences and gives back each one's outputs; a generator is
+a `TokenStreams`. Behind them sits either the engine in this process (`local_models`: tests, embedding)
+or the engine core process over IPC (service.client). Either way the frontend tokenizes and
+post-processes; the engine only batches and runs.
 """
 
 from __future__ import annotations

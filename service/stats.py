@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from service.request_context import RequestContext
+from service.exchange import Exchange
 
 
 @dataclass(slots=True)
@@ -48,19 +48,19 @@ class ModelStats:
     last_inference_ms: int = 0
     batches: dict[int, Duration] = field(default_factory=dict)  # batch size -> its engine calls
 
-    def observe_request(self, ok: bool, seconds: float, context: RequestContext) -> None:
+    def observe_request(self, ok: bool, seconds: float, x: Exchange) -> None:
         """A request for this model ended: ok (a 2xx or 3xx) or not, after `seconds` end to end."""
         if not ok:
             self.fail.add(seconds)
             return
         self.success.add(seconds)
-        self.inference_count += context.items
-        if context.queue_s is not None:
-            self.queue_ns += int(context.queue_s * 1e9)
-        if context.tokenize_s is not None:
-            self.compute_input_ns += int(context.tokenize_s * 1e9)
-        if context.inference_s is not None:
-            self.compute_infer_ns += int(context.inference_s * 1e9)
+        self.inference_count += x.items
+        if x.queue_s is not None:
+            self.queue_ns += int(x.queue_s * 1e9)
+        if x.tokenize_s is not None:
+            self.compute_input_ns += int(x.tokenize_s * 1e9)
+        if x.inference_s is not None:
+            self.compute_infer_ns += int(x.inference_s * 1e9)
 
     def observe_execution(self, size: int, seconds: float) -> None:
         """One successful engine call on `size` sequences, `seconds` long."""

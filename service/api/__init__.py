@@ -2,11 +2,12 @@
 
 from fastapi import FastAPI
 
-from service.api import classify, fill_mask, generate, health, models, qa, v2, v2_extensions
+from service.api import health, models, v2, v2_extensions
+from service.api.task_route import task_routes
 
 
 def add_routes(app: FastAPI) -> None:
-    """Every route on the app's own router, the task endpoints first.
+    """Every route on the app's own router, the task endpoints (service.tasks) first.
 
     Each `include_router` is a level FastAPI walks on every request (matching through nested routers
     cost ~100 us of a ~1 ms request here); the routes already carry their routers' dependencies, tags and
@@ -14,11 +15,8 @@ def add_routes(app: FastAPI) -> None:
     passes costs it ~1 us). v2's extensions go before v2's reads: `GET /v2/models/stats` is the statistics
     of every model, not the metadata of a model named "stats" (Triton reserves the name the same way).
     """
+    app.router.routes.extend(task_routes())
     routers = (
-        classify.router,
-        qa.router,
-        fill_mask.router,
-        generate.router,
         v2.infer_router,
         v2_extensions.router,
         v2.router,

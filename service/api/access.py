@@ -1,7 +1,14 @@
-"""The outermost layer (pure ASGI): a request id on every response, and one access-log line per request.
+"""The outermost layer (pure ASGI): a request id on every response, one access-log line per request, and
+the request metrics and model statistics.
 
-It binds the request's context (id and text limits) for everything below, reads back what the request
-cost and whether inputs were truncated, and writes the line whatever happened inside, a crash included.
+It opens the request's exchange (service.exchange: id and text limits) for everything below, reads back
+which model it was for, what it cost and whether inputs were truncated, and records it whatever happened
+inside, a crash included. One layer for all of it: each ASGI layer wraps `send` once more per request.
+
+Request metrics count every request for work by model, task and status and time it end to end; reads (GET,
+HEAD, OPTIONS: probes, metadata, /metrics, /docs, and v2's repository index, a POST that only reads) are not
+counted: they would show as requests refused before a model was chosen, the one thing an empty model label
+means. A stream that fails after its first event (its 200 already sent) counts as 500.
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.drain import READS
 from service.api.errors import error_response
+from service.exchange import SCOPE_KEY, Exchange, TextLimits
 from service.logs import ACCESS_LOGGER
-from service.request_context import RequestContext, TextLimits, bind
+from service.metrics import Metrics
 
 REQUEST_ID_HEADER = "X-Request-ID"
 TRUNCATED_HEADER = "X-Distilserve-Truncated"
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+POSTED_READS = frozenset({"/v2/repository/index"})
 
 access_log = logging.getLogger(ACCESS_LOGGER)
 
@@ -60,41 +70,42 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def access_fields(
-    scope: Scope, context: RequestContext, status: int | None, arrived: datetime, duration_s: float
+    scope: Scope, x: Exchange, status: int | None, arrived: datetime, duration_s: float
 ) -> dict[str, Any]:
-    state = scope.get("state", {})
     client = scope.get("client")
     fields: dict[str, Any] = {
         "time": arrived.isoformat(timespec="milliseconds"),
-        "request_id": context.request_id,
+        "request_id": x.request_id,
         "method": scope["method"],
         "path": scope["path"],
         "status": status,  # None: the client left (or the server gave up) before any response
-        "model": state.get("model") or None,
-        "task": state.get("task") or None,
+        "model": x.model or None,
+        "task": x.task or None,
         "duration_ms": _ms(duration_s),
-        "tokenize_ms": _ms(context.tokenize_s),
-        "queue_ms": _ms(context.queue_s),
-        "inference_ms": _ms(context.inference_s),
-        "truncated": context.truncated,
+        "tokenize_ms": _ms(x.tokenize_s),
+        "queue_ms": _ms(x.queue_s),
+        "inference_ms": _ms(x.inference_s),
+        "truncated": x.truncated,
         "client": f"{client[0]}:{client[1]}" if client else None,
     }
-    if "stream_error" in state:  # the status was sent before the stream failed
-        fields["error"] = state["stream_error"]
+    if x.stream_error is not None:  # the status was sent before the stream failed
+        fields["error"] = x.stream_error
     return fields
 
 
-class AccessMiddleware:
-    def __init__(self, app: ASGIApp, limits: TextLimits) -> None:
+class ExchangeMiddleware:
+    def __init__(self, app: ASGIApp, limits: TextLimits, metrics: Metrics) -> None:
         self.app = app
         self.limits = limits
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        context = RequestContext(request_id=request_id_from(Headers(scope=scope)), limits=self.limits)
-        scope.setdefault("state", {})["request_id"] = context.request_id
+        x = Exchange(request_id=request_id_from(Headers(scope=scope)), limits=self.limits)
+        scope[SCOPE_KEY] = x
+        counted = scope["method"] not in READS and scope["path"] not in POSTED_READS
         arrived = datetime.now(UTC)
         started = time.perf_counter()
         status: int | None = None
@@ -104,23 +115,38 @@ class AccessMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = MutableHeaders(scope=message)
-                headers[REQUEST_ID_HEADER] = context.request_id
-                if context.truncated is not None:
-                    headers[TRUNCATED_HEADER] = str(context.truncated)
+                headers[REQUEST_ID_HEADER] = x.request_id
+                if x.truncated is not None:
+                    headers[TRUNCATED_HEADER] = str(x.truncated)
             await send(message)
 
+        if counted:
+            self.metrics.in_flight.inc()
         try:
-            with bind(context):
-                await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, send_with_headers)
         except Exception:
             if status is None:  # answer with the id, then let the server log the traceback
                 response = error_response(
-                    500, "internal", f"internal error (request {context.request_id})", path=scope["path"]
+                    500, "internal", f"internal error (request {x.request_id})", path=scope["path"]
                 )
                 await response(scope, receive, send_with_headers)
             raise
         finally:
+            elapsed = time.perf_counter() - started
+            if counted:
+                self.metrics.in_flight.dec()
+                self._record(x, status, elapsed)
             if access_log.isEnabledFor(logging.INFO):  # the fields cost more than the check
-                fields = access_fields(scope, context, status, arrived, time.perf_counter() - started)
+                fields = access_fields(scope, x, status, arrived, elapsed)
                 line = (fields["method"], fields["path"], status)
                 access_log.info("%s %s %s", *line, extra={"access": fields})
+
+    def _record(self, x: Exchange, status: int | None, elapsed: float) -> None:
+        """The request's series, and its model's statistics. A client gone before any answer is a 500 as
+        before (nothing was sent); a stream that failed after its 200 is a server failure."""
+        code = 500 if status is None or x.stream_error is not None else status
+        count, duration = self.metrics.request_series(x.model, x.task, code)
+        count.inc()
+        duration.observe(elapsed)
+        if x.stats is not None:
+            x.stats.observe_request(code < 400, elapsed, x)

@@ -6,42 +6,15 @@ worker thread, a thread hop (and a wake-up of the event loop) per request for re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi import Request
 
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError
 from service.registry import ModelRegistry
-from service.request_context import current
-from service.served import ServedModel
-from service.settings import Settings
+from service.tasks.contract import Collaborators
 
 
 class UnsupportedMediaTypeError(ValueError):
     """The body is not declared as JSON (HTTP 415)."""
-
-
-@dataclass(frozen=True)
-class Collaborators:
-    """The three things every task route needs, and the request-size rules they share."""
-
-    settings: Settings
-    metrics: Metrics
-    registry: ModelRegistry
-
-    def check_batch(self, count: int) -> None:
-        """Refuse more than the per-request cap; note the request's batch (the model's inference count)."""
-        if count > self.settings.max_client_batch:
-            raise InvalidInputError(
-                f"inputs: {count} items, at most {self.settings.max_client_batch} per request"
-            )
-        current().items = count
-
-    def texts(self, inputs: str | list[str]) -> list[str]:
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        self.check_batch(len(texts))
-        return texts
 
 
 async def collaborators(request: Request) -> Collaborators:
@@ -66,14 +39,6 @@ async def get_metrics(request: Request) -> Metrics:
 async def get_registry(request: Request) -> ModelRegistry:
     registry: ModelRegistry = request.app.state.registry
     return registry
-
-
-def label_request(request: Request, model: ServedModel) -> None:
-    """Tell the metrics middleware which model and task this request was for, and where its statistics
-    go (the object itself: no lookup per request)."""
-    request.state.model = model.name
-    request.state.task = model.manifest.task
-    request.state.stats = model.stats
 
 
 def require_json(request: Request) -> None:

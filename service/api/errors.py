@@ -13,9 +13,10 @@ from starlette.requests import ClientDisconnect
 from service.api.deps import UnsupportedMediaTypeError
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.engine import EngineError
+from service.exchange import exchange_of
 from service.ipc import EngineUnavailableError
-from service.processors.common import InvalidInputError
 from service.registry import AmbiguousModelError, ModelNotFoundError, WrongTaskError
+from service.tasks.contract import InvalidInputError
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if response is None:  # pragma: no cover - only registered for the kinds above
             raise exc
         if response.status_code >= 500:
-            request_id = getattr(request.state, "request_id", "-")
+            request_id = exchange_of(request.scope).request_id or "-"
             log.error("%s %s failed (request %s): %s", request.method, request.url.path, request_id, exc)
         return response
 

@@ -6,10 +6,11 @@ from datetime import datetime
 
 from fastapi import APIRouter, Depends
 
-from service.api.deps import Collaborators, collaborators
+from service.api.deps import collaborators
 from service.api.schemas import OPENAI_ERRORS, ModelCard, ModelList, OpenAIModel
 from service.served import ServedModel
 from service.settings import frontend_count
+from service.tasks.contract import Collaborators
 
 router = APIRouter(tags=["models"])
 

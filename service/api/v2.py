@@ -1,17 +1,7 @@
 """Open Inference Protocol v2 (KServe / Triton HTTP/REST), so that `tritonclient.http` works unmodified.
 
-Every model answers at a text-level interface for its task; each tensor's first axis is the batch:
-
-- text-classification: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability),
-  SCORES FP32 [b, num_labels] (every label's probability, in the manifest's label order).
-- question-answering: QUESTION, CONTEXT BYTES [b] -> ANSWER BYTES [b], SCORE FP32 [b], START, END INT64 [b]
-  (character offsets: CONTEXT[START:END] == ANSWER); parameters max_answer_length, doc_stride,
-  handle_impossible_answer as in /v1/qa.
-- fill-mask: TEXT BYTES [b] -> TOKEN_STR BYTES [b, k], TOKEN INT64 [b, k], SCORE FP32 [b, k],
-  SEQUENCE BYTES [b, k] (the tokens decoded with the mask filled, as /v1/fill-mask's sequence);
-  parameter top_k (default 5).
-- text-generation: PROMPT BYTES [b] -> TEXT BYTES [b], TOKENS INT64 [b], FINISH_REASON BYTES [b];
-  parameters max_new_tokens (default 32) and the sampling fields of /v1/generate (temperature, ...).
+Every model answers at a text-level interface for its task, declared in its task module (service.tasks:
+each module's docstring lists its tensors and parameters); each tensor's first axis is the batch.
 
 Requests are v2 JSON or the binary tensor data extension (see `v2_schemas`), optionally gzip/deflate
 compressed; `outputs` selects outputs and how each travels (`binary_data`, `classification`);
@@ -23,23 +13,18 @@ configuration, repository index and statistics extensions are in `v2_extensions`
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
 
-from service.api.deps import Collaborators, collaborators, label_request
+from service.api.deps import collaborators
 from service.api.disconnect import until_disconnect
 from service.api.errors import response_for
-from service.api.generate import sampling
-from service.api.schemas import ClassifyRequest, FillMaskRequest, GenerateRequest, QARequest
 from service.api.v2_schemas import (
     BINARY_HEADER,
     ErrorBody,
@@ -47,7 +32,6 @@ from service.api.v2_schemas import (
     OutputChoice,
     ServerMetadata,
     TensorError,
-    TensorMetadata,
     choose_outputs,
     classifications,
     compress,
@@ -58,14 +42,12 @@ from service.api.v2_schemas import (
     read_text_inputs,
     split_body,
 )
-from service.batching import DeadlineExceededError
-from service.processors.classification import classify
-from service.processors.common import all_or_none
-from service.processors.fill_mask import fill_mask
-from service.processors.generation import complete, prepare
-from service.processors.qa import Answer, SpanRules, answer_all
+from service.exchange import exchange_of
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.served import ServedModel
+from service.tasks import TASKS
+from service.tasks.common import label_order
+from service.tasks.contract import Collaborators, V2Job, tensor
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +60,6 @@ EXTENSIONS = [
     "model_repository",  # the index only: the repository is fixed at start-up
     "statistics",
 ]
-M = TypeVar("M", bound=BaseModel)
 _MAX_VERSION_DIGITS = 18  # any real version fits an int64; longer ones could exceed int()'s digit limit
 
 
@@ -138,178 +119,8 @@ router = v2_router()
 infer_router = v2_router()  # the hot path, matched before every v2 read (service.api.add_routes)
 
 
-# -- the per-task interface -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Job:
-    """One infer request, decoded: the model, its input texts and the request's parameters."""
-
-    model: ServedModel
-    texts: dict[str, list[str]]
-    parameters: dict[str, Any]
-    c: Collaborators
-    timeout_s: float
-
-
-Runner = Callable[[Job], Awaitable[dict[str, np.ndarray]]]
-
-
-@dataclass(frozen=True)
-class TaskInterface:
-    inputs: tuple[str, ...]
-    outputs: tuple[TensorMetadata, ...]
-    parameters: tuple[str, ...]  # the request parameters passed on to the task, named as in /v1
-    run: Runner
-
-
-def _strings(values: Sequence[Any]) -> np.ndarray:
-    array = np.empty(len(values), dtype=object)
-    array[:] = list(values)
-    return array
-
-
-def label_order(model: ServedModel) -> list[str]:
-    labels = model.manifest.labels
-    return [labels[i] for i in sorted(labels)]
-
-
-def _validated(schema: type[M], values: dict[str, Any], names: dict[str, str], index: int | None = None) -> M:
-    """Check v2 values with the /v1 request schema, so both protocols share one set of limits."""
-    try:
-        return schema.model_validate(values)
-    except ValidationError as e:
-        parts = []
-        for err in e.errors():
-            loc = err["loc"]
-            where = names.get(str(loc[-1]), f"parameters.{loc[-1]}") if loc else "request"
-            positions = [x for x in loc if isinstance(x, int)] or ([index] if index is not None else [])
-            if positions and not where.startswith("parameters."):
-                where += f"[{positions[0]}]"
-            parts.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
-        raise TensorError("; ".join(parts)) from None
-
-
-def _passed(job: Job, names: Sequence[str]) -> dict[str, Any]:
-    return {k: job.parameters[k] for k in names if k in job.parameters}
-
-
-async def _classify(job: Job) -> dict[str, np.ndarray]:
-    texts = job.texts["TEXT"]
-    _validated(ClassifyRequest, {"inputs": texts}, {"inputs": "TEXT"})
-    labels = label_order(job.model)
-    rows = await classify(job.model, texts, len(labels), job.c.metrics, job.timeout_s)
-    scores = [{r["label"]: r["score"] for r in row} for row in rows]
-    return {
-        "LABEL": _strings([row[0]["label"] for row in rows]),
-        "SCORE": np.array([row[0]["score"] for row in rows], dtype=np.float32),
-        "SCORES": np.array([[s.get(label, 0.0) for label in labels] for s in scores], dtype=np.float32),
-    }
-
-
-async def _answer(job: Job) -> dict[str, np.ndarray]:
-    questions, contexts = job.texts["QUESTION"], job.texts["CONTEXT"]
-    pairs = [{"question": q, "context": c} for q, c in zip(questions, contexts, strict=True)]
-    names = {"question": "QUESTION", "context": "CONTEXT", "inputs": "QUESTION/CONTEXT"}
-    body = _validated(QARequest, {"inputs": pairs, **_passed(job, QA.parameters)}, names)
-    rules = SpanRules(1, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
-    results = await answer_all(job.model, body.pairs(), rules, job.c.metrics, job.timeout_s)
-    best = [r[0] if r else Answer(answer="", score=0.0, start=0, end=0) for r in results]
-    return {
-        "ANSWER": _strings([a["answer"] for a in best]),
-        "SCORE": np.array([a["score"] for a in best], dtype=np.float32),
-        "START": np.array([a["start"] for a in best], dtype=np.int64),
-        "END": np.array([a["end"] for a in best], dtype=np.int64),
-    }
-
-
-async def _fill_mask(job: Job) -> dict[str, np.ndarray]:
-    texts = job.texts["TEXT"]
-    body = _validated(
-        FillMaskRequest, {"inputs": texts, **_passed(job, FILL_MASK.parameters)}, {"inputs": "TEXT"}
-    )
-    rows = await fill_mask(job.model, texts, body.top_k, job.c.metrics, job.timeout_s)
-    shape = (len(rows), len(rows[0]))
-    return {
-        "TOKEN_STR": _strings([c["token_str"] for row in rows for c in row]).reshape(shape),
-        "TOKEN": np.array([[c["token"] for c in row] for row in rows], dtype=np.int64).reshape(shape),
-        "SCORE": np.array([[c["score"] for c in row] for row in rows], dtype=np.float32).reshape(shape),
-        "SEQUENCE": _strings([c["sequence"] for row in rows for c in row]).reshape(shape),
-    }
-
-
-async def _generate(job: Job) -> dict[str, np.ndarray]:
-    passed = _passed(job, GENERATION.parameters)
-    bodies = [
-        _validated(GenerateRequest, {"prompt": p, **passed}, {"prompt": "PROMPT"}, index=i)
-        for i, p in enumerate(job.texts["PROMPT"])
-    ]
-    prepared = [
-        prepare(job.model, b.prompt, sampling(b, b.max_new_tokens), b.truncate_prompt, job.c.metrics)
-        for b in bodies
-    ]
-    work = all_or_none(complete(p) for p in prepared)
-    if "timeout" not in job.parameters:  # as /v1/generate: no deadline unless the client sets one
-        results = await work
-    else:
-        try:
-            results = await asyncio.wait_for(work, job.timeout_s)
-        except TimeoutError:
-            raise DeadlineExceededError(f"not finished within {job.timeout_s:g} s") from None
-    return {
-        "TEXT": _strings([r["generated_text"] for r in results]),
-        "TOKENS": np.array([r["tokens"] for r in results], dtype=np.int64),
-        "FINISH_REASON": _strings([r["finish_reason"] for r in results]),
-    }
-
-
-def _meta(name: str, datatype: str, rank: int = 1) -> TensorMetadata:
-    return TensorMetadata(name=name, datatype=datatype, shape=[-1] * rank)
-
-
-CLASSIFICATION = TaskInterface(
-    ("TEXT",), (_meta("LABEL", "BYTES"), _meta("SCORE", "FP32"), _meta("SCORES", "FP32", 2)), (), _classify
-)
-QA = TaskInterface(
-    ("QUESTION", "CONTEXT"),
-    (_meta("ANSWER", "BYTES"), _meta("SCORE", "FP32"), _meta("START", "INT64"), _meta("END", "INT64")),
-    ("max_answer_length", "doc_stride", "handle_impossible_answer"),
-    _answer,
-)
-FILL_MASK = TaskInterface(
-    ("TEXT",),
-    tuple(
-        _meta(n, t, 2)
-        for n, t in (("TOKEN_STR", "BYTES"), ("TOKEN", "INT64"), ("SCORE", "FP32"), ("SEQUENCE", "BYTES"))
-    ),
-    ("top_k",),
-    _fill_mask,
-)
-GENERATION = TaskInterface(
-    ("PROMPT",),
-    (_meta("TEXT", "BYTES"), _meta("TOKENS", "INT64"), _meta("FINISH_REASON", "BYTES")),
-    (
-        "max_new_tokens",
-        "temperature",
-        "top_k",
-        "top_p",
-        "repetition_penalty",
-        "seed",
-        "stop",
-        "truncate_prompt",
-    ),
-    _generate,
-)
-TASKS: dict[str, TaskInterface] = {
-    "text-classification": CLASSIFICATION,
-    "question-answering": QA,
-    "fill-mask": FILL_MASK,
-    "text-generation": GENERATION,
-}
-
-
 def model_metadata(model: ServedModel, versions: list[int]) -> ModelMetadata:
-    task = TASKS[model.manifest.task]
+    task = TASKS[model.manifest.task].v2
     outputs = [
         o.model_copy(update={"shape": [-1, len(model.manifest.labels)]}) if o.name == "SCORES" else o
         for o in task.outputs
@@ -318,7 +129,7 @@ def model_metadata(model: ServedModel, versions: list[int]) -> ModelMetadata:
         name=model.name,
         versions=[str(v) for v in versions],
         platform=PLATFORM,
-        inputs=[_meta(name, "BYTES") for name in task.inputs],
+        inputs=[tensor(name, "BYTES") for name in task.inputs],
         outputs=outputs,
     )
 
@@ -374,8 +185,9 @@ def _as_classifications(
 
 async def infer(request: Request, c: Collaborators, name: str, version: str | None) -> Response:
     model = find_model(c.registry, name, version)
-    label_request(request, model)
-    task = TASKS[model.manifest.task]
+    x = exchange_of(request.scope)
+    x.serve(model.name, model.manifest.task, model.stats)
+    task = TASKS[model.manifest.task].v2
     body = decompress(
         await request.body(), request.headers.get("content-encoding"), c.settings.max_body_bytes
     )
@@ -386,10 +198,10 @@ async def infer(request: Request, c: Collaborators, name: str, version: str | No
     batch = len(texts[task.inputs[0]])
     if batch == 0:
         raise TensorError(f"input {task.inputs[0]}: the batch is empty")
-    c.check_batch(batch)
+    c.check_batch(batch, x)
     timeout_s = deadline_s(parsed.parameters, c.settings.request_timeout_s)
     tensors = await until_disconnect(
-        request.scope, request.receive, task.run(Job(model, texts, parsed.parameters, c, timeout_s))
+        request.scope, request.receive, task.run(V2Job(model, texts, parsed.parameters, c, timeout_s, x))
     )
     head: dict[str, Any] = {"model_name": model.name, "model_version": str(model.manifest.version)}
     if parsed.id is not None:

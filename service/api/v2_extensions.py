@@ -27,7 +27,6 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.api.deps import Collaborators
 from service.api.v2 import PLATFORM, find_model, model_metadata, served, v2_router
 from service.api.v2_schemas import TensorError, TensorMetadata, describe_validation
 from service.engine import CUDA
@@ -35,6 +34,7 @@ from service.ipc import Executions
 from service.served import ServedModel
 from service.settings import Settings
 from service.stats import Duration, ModelStats
+from service.tasks.contract import Collaborators
 
 BACKEND = "onnxruntime"
 PER_PROCESS = (

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.api.errors import PayloadTooLargeError
+from service.tasks.contract import TensorError, TensorMetadata
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 _LENGTH = struct.Struct("<I")
@@ -28,19 +29,7 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate: zl
 _DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(object): "BYTES"}
 
 
-class TensorError(ValueError):
-    """A request that does not fit the v2 protocol or the model's v2 interface (HTTP 400)."""
-
-
 # -- metadata ---------------------------------------------------------------------------------------------
-
-
-class TensorMetadata(BaseModel):
-    """One input or output as model metadata lists it; -1 marks a variable dimension."""
-
-    name: str
-    datatype: str
-    shape: list[int]
 
 
 class ModelMetadata(BaseModel):

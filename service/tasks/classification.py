@@ -1,10 +1,53 @@
-"""Text classification: class logits -> the top-k `{label, score}` pairs (HF pipeline shape)."""
+"""Text classification: texts -> the top-k `{label, score}` pairs of each (the HF pipeline's shape).
+
+`POST /v1/classify`; v2: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability), SCORES FP32
+[b, num_labels] (every label's probability, in the manifest's label order). The engine adds the class
+probabilities once per batch.
+"""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+from pydantic import Field
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from service.exchange import Exchange
+from service.tasks.common import (
+    check_chars,
+    enforce_window,
+    label_order,
+    run_all,
+    strings,
+    tokenizing,
+    validated,
+)
+from service.tasks.contract import (
+    Collaborators,
+    Endpoint,
+    EngineAsks,
+    ModelRequest,
+    ServedTask,
+    Texts,
+    V2Interface,
+    V2Job,
+    tensor,
+)
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+NAME = "text-classification"
+
+
+class ClassifyRequest(ModelRequest):
+    inputs: Texts = Field(
+        ..., description="One text or a list of texts.", examples=["I loved this film, it was wonderful"]
+    )
+    top_k: int = Field(1, ge=1, le=1000, description="How many labels per input, best first.")
 
 
 class LabelScore(TypedDict):
@@ -33,3 +76,57 @@ def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int) ->
     scores: list[float] = probabilities.tolist()
     order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)[: max(1, top_k)]
     return [LabelScore(label=labels.get(i, f"LABEL_{i}"), score=scores[i]) for i in order]
+
+
+async def classify(
+    model: ServedModel, texts: Sequence[str], top_k: int, metrics: Metrics, timeout_s: float, x: Exchange
+) -> list[list[LabelScore]]:
+    check_chars(texts, x)
+    with tokenizing(metrics, model, x):
+        encoded = model.encoder.encode(texts)
+    enforce_window(encoded, model.encoder.max_length, x)
+    outputs = await run_all(model, encoded, timeout_s, x)
+    return [top_labels(o["probabilities"], model.manifest.labels, top_k) for o in outputs]
+
+
+async def handle(
+    body: ClassifyRequest, x: Exchange, c: Collaborators
+) -> list[LabelScore] | list[list[LabelScore]]:
+    model = c.resolve(NAME, body.model, body.version, x)
+    texts = c.texts(body.inputs, x)
+    rows = await classify(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
+    return rows[0] if isinstance(body.inputs, str) else rows
+
+
+async def infer(job: V2Job) -> dict[str, np.ndarray]:
+    texts = job.texts["TEXT"]
+    validated(ClassifyRequest, {"inputs": texts}, {"inputs": "TEXT"})
+    labels = label_order(job.model)
+    rows = await classify(job.model, texts, len(labels), job.c.metrics, job.timeout_s, job.x)
+    scores = [{r["label"]: r["score"] for r in row} for row in rows]
+    return {
+        "LABEL": strings([row[0]["label"] for row in rows]),
+        "SCORE": np.array([row[0]["score"] for row in rows], dtype=np.float32),
+        "SCORES": np.array([[s.get(label, 0.0) for label in labels] for s in scores], dtype=np.float32),
+    }
+
+
+TASK = ServedTask(
+    name=NAME,
+    endpoints=(
+        Endpoint(
+            "/v1/classify",
+            ClassifyRequest,
+            list[LabelScore] | list[list[LabelScore]],
+            "Classify one text (-> a list of {label, score}) or a list of texts (-> a list per text).",
+            handle,
+        ),
+    ),
+    v2=V2Interface(
+        inputs=("TEXT",),
+        outputs=(tensor("LABEL", "BYTES"), tensor("SCORE", "FP32"), tensor("SCORES", "FP32", 2)),
+        parameters=(),
+        run=infer,
+    ),
+    engine=EngineAsks(finish=with_probabilities),
+)

@@ -1,10 +1,55 @@
-"""Fill-mask: the vocabulary logits at the mask position -> the top-k tokens with their probabilities."""
+"""Fill-mask: texts with one mask token -> the top-k tokens for it, with the completed sequences.
+
+`POST /v1/fill-mask`; v2: TEXT BYTES [b] -> TOKEN_STR BYTES [b, k], TOKEN INT64 [b, k], SCORE FP32 [b, k],
+SEQUENCE BYTES [b, k] (the tokens decoded with the mask filled); parameter top_k (default 5). The engine
+sends back only the logits at the mask position, not a vocabulary-wide row per token.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import numpy as np
+from pydantic import Field
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from service.exchange import Exchange
 from service.tasks.classification import softmax
+from service.tasks.common import check_chars, enforce_window, passed, run_all, strings, tokenizing, validated
+from service.tasks.contract import (
+    Collaborators,
+    Endpoint,
+    EngineAsks,
+    InvalidInputError,
+    ModelRequest,
+    ServedTask,
+    Texts,
+    V2Interface,
+    V2Job,
+    tensor,
+)
+
+if TYPE_CHECKING:
+    from service.manifest import Manifest
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+NAME = "fill-mask"
+
+
+class FillMaskRequest(ModelRequest):
+    inputs: Texts = Field(
+        ..., description="Text(s) with exactly one mask token each.", examples=["I loved this [MASK]."]
+    )
+    top_k: int = Field(5, ge=1, le=100, description="How many candidate tokens, best first.")
+
+
+class Candidate(TypedDict):
+    token: int
+    token_str: str
+    score: float
+    sequence: str
 
 
 def mask_positions(input_ids: np.ndarray, mask_token_id: int) -> np.ndarray:
@@ -18,3 +63,96 @@ def top_tokens(logits: np.ndarray, top_k: int) -> list[tuple[int, float]]:
     best = np.argpartition(-probs, k - 1)[:k]
     best = best[np.argsort(-probs[best], kind="stable")]
     return [(int(i), float(probs[i])) for i in best]
+
+
+async def fill_mask(
+    model: ServedModel, texts: Sequence[str], top_k: int, metrics: Metrics, timeout_s: float, x: Exchange
+) -> list[list[Candidate]]:
+    mask_id = model.manifest.special_tokens.mask
+    assert mask_id is not None  # the manifest schema requires it for fill-mask
+    mask_token = model.encoder.id_to_token(mask_id) or "[MASK]"
+    check_chars(texts, x)
+    with tokenizing(metrics, model, x):
+        encoded = model.encoder.encode(texts)
+    enforce_window(encoded, model.encoder.max_length, x)
+    for i, (text, e) in enumerate(zip(texts, encoded, strict=True)):
+        found = len(mask_positions(e.input_ids, mask_id))
+        where = f"input {i}" if len(texts) > 1 else "the input"
+        if found == 0 and mask_token in text:
+            raise InvalidInputError(
+                f"{where}: {mask_token} lies past the model's {model.encoder.max_length} tokens"
+            )
+        if e.truncated:  # a mask cut off with the text's end still makes one too many
+            found = max(found, text.count(mask_token))
+        if found != 1:
+            raise InvalidInputError(f"{where} has {found} {mask_token} tokens; exactly one is supported")
+    outputs = await run_all(model, encoded, timeout_s, x)
+    results = []
+    for e, out in zip(encoded, outputs, strict=True):
+        position = int(mask_positions(e.input_ids, mask_id)[0])
+        candidates = []
+        for token_id, score in top_tokens(out["logits"][0], top_k):
+            ids = e.input_ids.copy()
+            ids[position] = token_id
+            candidates.append(
+                Candidate(
+                    token=token_id,
+                    token_str=model.encoder.decode([token_id]),
+                    score=score,
+                    sequence=model.encoder.decode(ids.tolist()),
+                )
+            )
+        results.append(candidates)
+    return results
+
+
+async def handle(
+    body: FillMaskRequest, x: Exchange, c: Collaborators
+) -> list[Candidate] | list[list[Candidate]]:
+    model = c.resolve(NAME, body.model, body.version, x)
+    texts = c.texts(body.inputs, x)
+    rows = await fill_mask(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
+    return rows[0] if isinstance(body.inputs, str) else rows
+
+
+async def infer(job: V2Job) -> dict[str, np.ndarray]:
+    texts = job.texts["TEXT"]
+    body = validated(
+        FillMaskRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
+    )
+    rows = await fill_mask(job.model, texts, body.top_k, job.c.metrics, job.timeout_s, job.x)
+    shape = (len(rows), len(rows[0]))
+    return {
+        "TOKEN_STR": strings([c["token_str"] for row in rows for c in row]).reshape(shape),
+        "TOKEN": np.array([[c["token"] for c in row] for row in rows], dtype=np.int64).reshape(shape),
+        "SCORE": np.array([[c["score"] for c in row] for row in rows], dtype=np.float32).reshape(shape),
+        "SEQUENCE": strings([c["sequence"] for row in rows for c in row]).reshape(shape),
+    }
+
+
+def mask_token(manifest: Manifest) -> int | None:
+    return manifest.special_tokens.mask
+
+
+TASK = ServedTask(
+    name=NAME,
+    endpoints=(
+        Endpoint(
+            "/v1/fill-mask",
+            FillMaskRequest,
+            list[Candidate] | list[list[Candidate]],
+            "Fill the mask: one text -> a list of candidates; a list of texts -> a list per text.",
+            handle,
+        ),
+    ),
+    v2=V2Interface(
+        inputs=("TEXT",),
+        outputs=tuple(
+            tensor(n, t, 2)
+            for n, t in (("TOKEN_STR", "BYTES"), ("TOKEN", "INT64"), ("SCORE", "FP32"), ("SEQUENCE", "BYTES"))
+        ),
+        parameters=("top_k",),
+        run=infer,
+    ),
+    engine=EngineAsks(gather_token=mask_token),
+)

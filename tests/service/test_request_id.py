@@ -15,10 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
-from service.api.access import AccessMiddleware, RequestIds
+from service.api.access import ExchangeMiddleware, RequestIds
 from service.app import create_app
+from service.exchange import TextLimits
 from service.logs import ACCESS_LOGGER, JsonAccessFormatter, TextAccessFormatter
-from service.request_context import TextLimits
+from service.metrics import Metrics
 from service.settings import Settings
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
@@ -89,7 +90,7 @@ def test_a_crash_still_answers_with_the_id_and_is_logged(caplog: pytest.LogCaptu
         raise RuntimeError("boom")
 
     async def call() -> httpx.Response:
-        app = AccessMiddleware(crashing, TextLimits())
+        app = ExchangeMiddleware(crashing, TextLimits(), Metrics())
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
             return await c.get("/v1/models", headers={"X-Request-ID": "crash-1"})

@@ -1,4 +1,4 @@
-"""Per-request accounting: the batcher fills each item's timing; the request context sums it up."""
+"""Per-request accounting: the batcher fills each item's timing; the request's exchange sums it up."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from service.batching import BatchPolicy, ItemTiming, MicroBatcher
-from service.request_context import RequestContext, bind, current
+from service.exchange import SCOPE_KEY, Exchange, exchange_of
 
 
 def test_the_batcher_fills_each_items_timing() -> None:
@@ -36,8 +36,8 @@ def test_the_batcher_fills_each_items_timing() -> None:
     assert second.queue_s is not None and second.queue_s >= 0.02  # waited for the first batch
 
 
-def test_the_context_takes_the_longest_wait_and_each_engine_call_once() -> None:
-    context = RequestContext()
+def test_the_exchange_takes_the_longest_wait_and_each_engine_call_once() -> None:
+    context = Exchange()
     context.add_item(ItemTiming(queue_s=0.010, run_s=0.100, batch=1))
     context.add_item(ItemTiming(queue_s=0.030, run_s=0.100, batch=1))
     context.add_item(ItemTiming(queue_s=0.020, run_s=0.050, batch=2))
@@ -46,15 +46,9 @@ def test_the_context_takes_the_longest_wait_and_each_engine_call_once() -> None:
     assert context.inference_s is not None and abs(context.inference_s - 0.150) < 1e-9
 
 
-def test_current_is_the_bound_context_in_child_tasks_too() -> None:
-    async def child() -> None:
-        current().add_truncated(2)
-
-    async def main(context: RequestContext) -> None:
-        with bind(context):
-            await asyncio.gather(child(), child())
-        current().add_truncated(5)  # unbound again: a throwaway context
-
-    context = RequestContext(request_id="r1")
-    asyncio.run(main(context))
-    assert context.truncated == 4
+def test_the_exchange_is_the_one_the_middleware_opened_or_a_fresh_one_kept_for_the_request() -> None:
+    opened = Exchange(request_id="r1")
+    assert exchange_of({SCOPE_KEY: opened}) is opened
+    bare: dict[str, object] = {}
+    fresh = exchange_of(bare)
+    assert fresh.request_id == "" and exchange_of(bare) is fresh

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from service.batching import BatchStats
+from service.exchange import Exchange
 from service.generation.engine import EngineHooks
 from service.generation.runner import StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
-from service.request_context import RequestContext
 from service.runtime import counting_batches, counting_steps
 from service.stats import Duration, ModelStats
 
 
 def test_a_success_adds_its_items_and_times_a_failure_only_its_time() -> None:
     stats = ModelStats()
-    context = RequestContext(tokenize_s=0.001, queue_s=0.002, inference_s=0.003, items=3)
+    context = Exchange(tokenize_s=0.001, queue_s=0.002, inference_s=0.003, items=3)
     stats.observe_request(True, 0.01, context)
-    stats.observe_request(True, 0.02, RequestContext())  # generation: no queue or engine time of its own
+    stats.observe_request(True, 0.02, Exchange())  # generation: no queue or engine time of its own
     stats.observe_request(False, 0.005, context)
     assert (stats.success, stats.fail) == (Duration(2, 30_000_000), Duration(1, 5_000_000))
     assert stats.inference_count == 3 + 1

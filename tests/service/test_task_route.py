@@ -7,12 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi import APIRouter, Depends
 from fastapi.testclient import TestClient
 
-from service.api.deps import Collaborators, json_collaborators
-from service.api.schemas import ClassifyRequest
-from service.api.task_route import TaskRoute
 from service.app import create_app
 from service.settings import Settings
 
@@ -21,14 +17,6 @@ from service.settings import Settings
 def client(tiny_repository: Path) -> Iterator[TestClient]:
     with TestClient(create_app(Settings(model_repository=tiny_repository, warmup=False))) as c:
         yield c
-
-
-def test_an_endpoint_of_another_shape_is_refused_when_declared() -> None:
-    router = APIRouter(route_class=TaskRoute)
-    with pytest.raises(TypeError, match=r"/v1/odd: a task endpoint takes \['body', 'request', 'c'\]"):
-
-        @router.post("/v1/odd")
-        async def odd(body: ClassifyRequest, c: Collaborators = Depends(json_collaborators)) -> None: ...
 
 
 def test_the_schema_still_documents_the_body_and_the_answer(client: TestClient) -> None:

@@ -27,11 +27,11 @@ from service.api.v2_schemas import InferenceRequest, RequestInput, read_text_inp
 from service.app import create_app
 from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.metrics import Metrics
-from service.processors.common import InvalidInputError
 from service.repository import scan_repository
 from service.runtime import load_engine_model, ort_engine_factory
 from service.served import local_models
 from service.settings import Settings
+from service.tasks.contract import InvalidInputError
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.live_server import live_server
 

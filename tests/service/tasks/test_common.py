@@ -11,9 +11,11 @@ from typing import cast
 
 import pytest
 
-from service.batching import BatchPolicy, MicroBatcher, QueueFullError
-from service.processors.common import InvalidInputError, all_or_none, run_all
+from service.batching import BatchPolicy, MicroBatcher, QueueFullError, all_or_none
+from service.exchange import Exchange
 from service.served import LocalEncoder, ServedModel
+from service.tasks.common import run_all
+from service.tasks.contract import InvalidInputError
 
 Body = Callable[[ServedModel, MicroBatcher[str, str], threading.Event], Awaitable[None]]
 
@@ -54,9 +56,9 @@ def test_items_the_queue_cannot_all_hold_now_are_refused_before_any_is_queued() 
         waiting = [asyncio.ensure_future(batcher.submit(f"q{i}")) for i in range(2)]
         await asyncio.sleep(0.01)
         with pytest.raises(QueueFullError):
-            await run_all(model, ["w0", "w1", "w2"], timeout_s=5)
+            await run_all(model, ["w0", "w1", "w2"], timeout_s=5, x=Exchange())
         assert batcher.queue_depth == 2
-        fits = asyncio.ensure_future(run_all(model, ["a", "b"], timeout_s=5))
+        fits = asyncio.ensure_future(run_all(model, ["a", "b"], timeout_s=5, x=Exchange()))
         await asyncio.sleep(0.01)
         release.set()
         assert await fits == ["a", "b"]
@@ -68,14 +70,14 @@ def test_items_the_queue_cannot_all_hold_now_are_refused_before_any_is_queued() 
 def test_a_request_larger_than_the_whole_queue_is_told_it_never_fits() -> None:
     async def body(model: ServedModel, batcher: MicroBatcher[str, str], _: threading.Event) -> None:
         with pytest.raises(InvalidInputError, match=r"needs 5 sequences at once; .* at most 4 .*MAX_QUEUE"):
-            await run_all(model, [f"w{i}" for i in range(5)], timeout_s=5)
+            await run_all(model, [f"w{i}" for i in range(5)], timeout_s=5, x=Exchange())
 
     assert with_busy_engine(body) == ["busy"]
 
 
 def test_a_cancelled_request_takes_all_its_items_out_of_the_queue() -> None:
     async def body(model: ServedModel, batcher: MicroBatcher[str, str], _: threading.Event) -> None:
-        request = asyncio.ensure_future(run_all(model, ["w0", "w1", "w2"], timeout_s=5))
+        request = asyncio.ensure_future(run_all(model, ["w0", "w1", "w2"], timeout_s=5, x=Exchange()))
         await asyncio.sleep(0.01)
         assert batcher.queue_depth == 3
         request.cancel()

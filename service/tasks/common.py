@@ -1,0 +1,112 @@
+"""What the task modules share: text limits, timing, running rows, the v2 adapters' helpers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from service.batching import ItemTiming, QueueTooSmallError
+from service.exchange import Exchange
+from service.tasks.contract import InvalidInputError, TensorError, V2Job
+from service.tokenization import EncodedText
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.served import Outputs, ServedModel
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def check_chars(texts: Sequence[str], x: Exchange, what: str = "input") -> None:
+    """Refuse a text over the raw-character cap before tokenizing it: tokenizing is the costly part."""
+    limit = x.limits.max_chars
+    for i, text in enumerate(texts):
+        if len(text) > limit:
+            where = f"{what} {i}" if len(texts) > 1 else f"the {what}"
+            raise InvalidInputError(f"{where} is {len(text)} characters, at most {limit}")
+
+
+def enforce_window(encoded: Sequence[EncodedText], window: int, x: Exchange) -> None:
+    """Texts past the model's window: keep the truncated encoding or refuse, per the server's policy.
+
+    The number truncated goes on the exchange, from which the HTTP layer tells the client."""
+    over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
+    for i in over:
+        where = f"input {i}" if len(encoded) > 1 else "the input"
+        if x.limits.truncation == "reject":
+            raise InvalidInputError(
+                f"{where} is longer than the model's window of {window} tokens and this server "
+                "rejects instead of truncating; shorten it"
+            )
+        if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
+            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+    x.add_truncated(len(over))
+
+
+@contextmanager
+def tokenizing(metrics: Metrics, model: ServedModel, x: Exchange) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    elapsed = time.perf_counter() - started
+    metrics.for_model(model.name).tokenize_duration.observe(elapsed)
+    x.add_tokenize(elapsed)
+
+
+async def run_all(
+    model: ServedModel, items: Sequence[EncodedText], timeout_s: float, x: Exchange
+) -> list[Outputs]:
+    """A request's sequences through the model's engine, all or none (they may share engine calls); their
+    queue and engine time go on the exchange."""
+    assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
+    timings: list[ItemTiming] = []
+    try:
+        return await model.encoding.run(items, timeout_s, timings)
+    except QueueTooSmallError as e:
+        raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
+    finally:
+        for timing in timings:
+            x.add_item(timing)
+
+
+# -- v2 adapters ------------------------------------------------------------------------------------------
+
+
+def strings(values: Sequence[Any]) -> np.ndarray:
+    """A BYTES tensor (numpy objects) of `values`."""
+    array = np.empty(len(values), dtype=object)
+    array[:] = list(values)
+    return array
+
+
+def label_order(model: ServedModel) -> list[str]:
+    labels = model.manifest.labels
+    return [labels[i] for i in sorted(labels)]
+
+
+def passed(job: V2Job, names: Sequence[str]) -> dict[str, Any]:
+    """The request parameters among `names` that the client set."""
+    return {k: job.parameters[k] for k in names if k in job.parameters}
+
+
+def validated(
+    schema: type[M], values: Mapping[str, Any], names: Mapping[str, str], index: int | None = None
+) -> M:
+    """Check v2 values with the /v1 request schema, so both protocols share one set of limits; errors name
+    the v2 tensor (`names`: field -> tensor) or parameter."""
+    try:
+        return schema.model_validate(values)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = err["loc"]
+            where = names.get(str(loc[-1]), f"parameters.{loc[-1]}") if loc else "request"
+            positions = [p for p in loc if isinstance(p, int)] or ([index] if index is not None else [])
+            if positions and not where.startswith("parameters."):
+                where += f"[{positions[0]}]"
+            parts.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        raise TensorError("; ".join(parts)) from None

@@ -1,0 +1,182 @@
+"""What a served task is to the rest of the service, and what the service hands a task.
+
+A task module (service/tasks/<task>.py) declares one `ServedTask`: its JSON endpoints, its Open Inference
+Protocol v2 interface, and what it asks of the engine. The HTTP layer (service.api) turns the endpoints into
+routes and the v2 interface into /v2 infer and metadata; the engine (service.runtime) reads the engine asks.
+Nothing here imports FastAPI: the engine core process reads the task table too, and never loads a web
+framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from service.exchange import Exchange
+
+if TYPE_CHECKING:
+    from service.manifest import Manifest
+    from service.metrics import Metrics
+    from service.registry import ModelRegistry
+    from service.served import ServedModel
+    from service.settings import Settings
+
+
+class InvalidInputError(ValueError):
+    """Well-formed JSON asking for something the model cannot do (HTTP 422)."""
+
+
+class TensorError(ValueError):
+    """A request that does not fit the v2 protocol or the model's v2 interface (HTTP 400)."""
+
+
+# -- what every task's request shares ---------------------------------------------------------------------
+
+
+def _texts(value: Any) -> str | list[str]:
+    """One clear message for every wrong shape of `inputs`, instead of pydantic's per-union-branch list."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("the text is empty")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("the list of texts is empty")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ValueError(f"item {i} is {type(item).__name__}, expected a string")
+            if not item.strip():
+                raise ValueError(f"item {i} is an empty text")
+        return value
+    raise ValueError(f"expected a string or a list of strings, got {type(value).__name__}")
+
+
+Texts = Annotated[str | list[str], BeforeValidator(_texts)]
+
+
+class ModelRequest(BaseModel):
+    """A request body that may pin the model and its version."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, description="Model name; default: the first model serving the task.")
+    version: int | None = Field(None, ge=1, description="Pin a model version; default: the highest.")
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """What every task endpoint is handed besides its body and its exchange, built once at start-up."""
+
+    settings: Settings
+    metrics: Metrics
+    registry: ModelRegistry
+
+    def resolve(self, task: str, name: str | None, version: int | None, x: Exchange) -> ServedModel:
+        """The model that answers (service.registry's rules); the exchange is told which it is."""
+        model = self.registry.resolve(task, name, version)
+        x.serve(model.name, model.manifest.task, model.stats)
+        return model
+
+    def check_batch(self, count: int, x: Exchange) -> None:
+        """Refuse more than the per-request cap; note the request's batch (the model's inference count)."""
+        if count > self.settings.max_client_batch:
+            raise InvalidInputError(
+                f"inputs: {count} items, at most {self.settings.max_client_batch} per request"
+            )
+        x.items = count
+
+    def texts(self, inputs: str | list[str], x: Exchange) -> list[str]:
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        self.check_batch(len(texts), x)
+        return texts
+
+
+# -- the /v1 (and OpenAI) endpoints -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventStream:
+    """What an endpoint returns to stream: Server-Sent Events, each chunk one write."""
+
+    chunks: AsyncIterator[bytes]
+
+
+Handler = Callable[[Any, Exchange, Collaborators], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """`POST path`: a JSON `body` in, `handle(body, exchange, collaborators)` -> the answer (or an
+    EventStream). `response` documents the answer (None: undocumented); `errors` picks the error shape
+    (ours or OpenAI's)."""
+
+    path: str
+    body: type[BaseModel]
+    response: Any
+    summary: str
+    handle: Handler
+    errors: Literal["distilserve", "openai"] = "distilserve"
+    tags: tuple[str, ...] = ("tasks",)
+
+
+# -- the Open Inference Protocol v2 interface -------------------------------------------------------------
+
+
+class TensorMetadata(BaseModel):
+    """One input or output as model metadata lists it; -1 marks a variable dimension."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+def tensor(name: str, datatype: str, rank: int = 1) -> TensorMetadata:
+    return TensorMetadata(name=name, datatype=datatype, shape=[-1] * rank)
+
+
+@dataclass(frozen=True)
+class V2Job:
+    """One infer request, decoded: the model, its input texts and the request's parameters."""
+
+    model: ServedModel
+    texts: dict[str, list[str]]
+    parameters: dict[str, Any]
+    c: Collaborators
+    timeout_s: float
+    x: Exchange
+
+
+@dataclass(frozen=True)
+class V2Interface:
+    inputs: tuple[str, ...]  # BYTES tensors of texts, each [batch]
+    outputs: tuple[TensorMetadata, ...]
+    parameters: tuple[str, ...]  # the request parameters passed on to the task, named as in /v1
+    run: Callable[[V2Job], Awaitable[dict[str, np.ndarray]]]
+
+
+# -- what the engine does for a task ----------------------------------------------------------------------
+
+BatchFinish = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class EngineAsks:
+    """Work a task's outputs need that is cheapest on the engine, once per batch.
+
+    `gather_token`: only the positions holding this token (of the manifest) come back, not a row per
+    token; `finish`: post-processing of a whole batch's outputs, run on the engine thread."""
+
+    gather_token: Callable[[Manifest], int | None] | None = None
+    finish: BatchFinish | None = None
+
+
+@dataclass(frozen=True)
+class ServedTask:
+    name: str  # as manifests name it
+    endpoints: tuple[Endpoint, ...]
+    v2: V2Interface
+    engine: EngineAsks = EngineAsks()

@@ -1,0 +1,248 @@
+"""Extractive question answering: question + context -> answer spans, as characters of the context.
+
+The context is split into overlapping windows that batch like texts. `POST /v1/qa`; v2: QUESTION, CONTEXT
+BYTES [b] -> ANSWER BYTES [b], SCORE FP32 [b], START, END INT64 [b] (character offsets: CONTEXT[START:END] ==
+ANSWER); parameters max_answer_length, doc_stride, handle_impossible_answer as in /v1/qa.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from common.spans import null_score, offsets_array, span_probabilities, top_spans
+from service.exchange import Exchange
+from service.tasks.common import check_chars, passed, run_all, strings, tokenizing, validated
+from service.tasks.contract import (
+    Collaborators,
+    Endpoint,
+    InvalidInputError,
+    ModelRequest,
+    ServedTask,
+    V2Interface,
+    V2Job,
+    tensor,
+)
+from service.tokenization import EncodedText
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+NAME = "question-answering"
+
+
+class QAItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    question: str = Field(..., min_length=1, pattern=r"\S", description="The question.")
+    context: str = Field(..., min_length=1, pattern=r"\S", description="The text that holds the answer.")
+
+
+class QARequest(ModelRequest):
+    """One question (`question` + `context`) or several (`inputs`: a list of them)."""
+
+    question: str | None = Field(None, min_length=1, pattern=r"\S", examples=["Who founded Acme?"])
+    context: str | None = Field(
+        None, min_length=1, pattern=r"\S", examples=["Acme was founded by Ada Smith in 1950 in Springfield."]
+    )
+    inputs: list[QAItem] | None = Field(None, min_length=1, description="Several question/context pairs.")
+    top_k: int = Field(1, ge=1, le=20, description="How many answers per question, best first.")
+    max_answer_length: int = Field(30, ge=1, le=512, description="Longest answer, in tokens.")
+    handle_impossible_answer: bool = Field(False, description="Allow an empty answer when none fits.")
+    doc_stride: int | None = Field(None, ge=1, description="Overlap between context windows, in tokens.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> QARequest:
+        single = self.question is not None or self.context is not None
+        if single and self.inputs is not None:
+            raise ValueError("give either question + context, or inputs, not both")
+        if not single and self.inputs is None:
+            raise ValueError("give question and context (or inputs: a list of them)")
+        if single and (self.question is None or self.context is None):
+            raise ValueError("question and context go together: give both")
+        return self
+
+    def pairs(self) -> list[tuple[str, str]]:
+        if self.inputs is not None:
+            return [(i.question, i.context) for i in self.inputs]
+        assert self.question is not None and self.context is not None
+        return [(self.question, self.context)]
+
+
+class Answer(TypedDict):
+    answer: str
+    score: float
+    start: Annotated[int, Field(description="Character offset of the answer in the context.")]
+    end: Annotated[int, Field(description="context[start:end] == answer.")]
+
+
+NO_ANSWER = Answer(answer="", score=0.0, start=0, end=0)
+
+
+def doc_stride(max_length: int, room: int, requested: int | None) -> int:
+    """Overlap between windows, in tokens: a third of the window unless asked (384 -> 128, as in SQuAD).
+
+    At most half the room the question leaves for the context, so each window moves on by at least as
+    much as it repeats: an overlap of nearly the whole room would split a context into a window per token
+    or two (hundreds of engine calls for a few kilobytes of text)."""
+    most = room // 2
+    if requested is None:
+        return min(max_length // 3, most)
+    if requested > most:
+        raise InvalidInputError(
+            f"doc_stride: {requested} tokens of overlap; beside this question the windows hold {room} "
+            f"tokens of context, so at most {most} (half of them)"
+        )
+    return requested
+
+
+def _context_offsets(window: EncodedText) -> list[tuple[int, int] | None]:
+    return [o if s == 1 else None for o, s in zip(window.offsets, window.sequence_ids, strict=True)]
+
+
+def _stack(rows: list[np.ndarray], width: int) -> np.ndarray:
+    out = np.zeros((len(rows), width), dtype=np.float64)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row
+    return out
+
+
+@dataclass(frozen=True)
+class SpanRules:
+    """What a request asks of its answers."""
+
+    top_k: int = 1
+    max_answer_length: int = 30
+    handle_impossible_answer: bool = False
+    stride: int | None = None  # window overlap in tokens; None: doc_stride's default
+
+
+async def answer_all(
+    model: ServedModel,
+    pairs: Sequence[tuple[str, str]],
+    rules: SpanRules,
+    metrics: Metrics,
+    timeout_s: float,
+    x: Exchange,
+) -> list[list[Answer]]:
+    """The answers to each (question, context) pair. Every pair's windows go to the batcher as one
+    request's sequences: queued all or none, and leaving together."""
+    windows = [_windows(model, question, context, rules, metrics, x) for question, context in pairs]
+    outputs = await run_all(model, [w for pair in windows for w in pair], timeout_s, x)
+    answers, taken = [], 0
+    for (_, context), pair in zip(pairs, windows, strict=True):
+        answers.append(_answers(context, pair, outputs[taken : taken + len(pair)], rules))
+        taken += len(pair)
+    return answers
+
+
+def _windows(
+    model: ServedModel, question: str, context: str, rules: SpanRules, metrics: Metrics, x: Exchange
+) -> list[EncodedText]:
+    check_chars([question], x, "question")
+    check_chars([context], x, "context")  # no window limit: a long context is split into windows
+    with tokenizing(metrics, model, x):
+        room = model.encoder.context_room(question)
+        window = model.encoder.max_length
+        if room < window // 4:  # else a long context splits into a window per few tokens
+            raise InvalidInputError(
+                f"the question is too long: beside it the model's window of {window} tokens keeps "
+                f"{max(room, 0)} for the context, and the context needs at least {window // 4} (a quarter)"
+            )
+        windows = model.encoder.encode_windows(question, context, doc_stride(window, room, rules.stride))
+    if not any(1 in w.sequence_ids for w in windows):  # e.g. only zero-width spaces or control characters
+        raise InvalidInputError("the context has no text the model can read (it tokenizes to nothing)")
+    return windows
+
+
+def _answers(
+    context: str, windows: list[EncodedText], outputs: Sequence[dict[str, np.ndarray]], rules: SpanRules
+) -> list[Answer]:
+    """The best spans over all of a context's windows, best first."""
+    width = max(len(w) for w in windows)
+    start = _stack([o["start_logits"] for o in outputs], width)
+    end = _stack([o["end_logits"] for o in outputs], width)
+    offsets = offsets_array([_context_offsets(w) for w in windows], width)
+    spans = top_spans(start, end, offsets, top_k=rules.top_k, max_answer_length=rules.max_answer_length)
+    probabilities = span_probabilities(start, end, offsets, spans, max_answer_length=rules.max_answer_length)
+    answers = [
+        Answer(answer=context[s.start_char : s.end_char], score=p, start=s.start_char, end=s.end_char)
+        for s, p in zip(spans, probabilities, strict=True)
+    ]
+    if rules.handle_impossible_answer and (not spans or null_score(start, end) > spans[0].score):
+        answers.insert(
+            0, Answer(answer="", score=1.0 if not spans else _null_probability(start, end), start=0, end=0)
+        )
+        answers = answers[: rules.top_k]
+    return answers
+
+
+def _null_probability(start: np.ndarray, end: np.ndarray) -> float:
+    """P(start = [CLS]) x P(end = [CLS]) in the window where 'no answer' is least likely."""
+
+    def softmax_first(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e[:, 0] / e.sum(axis=1)
+
+    return float((softmax_first(start) * softmax_first(end)).min())
+
+
+async def handle(
+    body: QARequest, x: Exchange, c: Collaborators
+) -> Answer | list[Answer] | list[list[Answer]]:
+    model = c.resolve(NAME, body.model, body.version, x)
+    pairs = body.pairs()
+    c.check_batch(len(pairs), x)
+    rules = SpanRules(body.top_k, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
+    results = await answer_all(model, pairs, rules, c.metrics, c.settings.request_timeout_s, x)
+    if body.top_k == 1:
+        flat = [r[0] if r else NO_ANSWER for r in results]
+        return flat[0] if body.inputs is None else flat
+    return results[0] if body.inputs is None else results
+
+
+async def infer(job: V2Job) -> dict[str, np.ndarray]:
+    questions, contexts = job.texts["QUESTION"], job.texts["CONTEXT"]
+    pairs = [{"question": q, "context": c} for q, c in zip(questions, contexts, strict=True)]
+    names = {"question": "QUESTION", "context": "CONTEXT", "inputs": "QUESTION/CONTEXT"}
+    body = validated(QARequest, {"inputs": pairs, **passed(job, TASK.v2.parameters)}, names)
+    rules = SpanRules(1, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
+    results = await answer_all(job.model, body.pairs(), rules, job.c.metrics, job.timeout_s, job.x)
+    best = [r[0] if r else NO_ANSWER for r in results]
+    return {
+        "ANSWER": strings([a["answer"] for a in best]),
+        "SCORE": np.array([a["score"] for a in best], dtype=np.float32),
+        "START": np.array([a["start"] for a in best], dtype=np.int64),
+        "END": np.array([a["end"] for a in best], dtype=np.int64),
+    }
+
+
+TASK = ServedTask(
+    name=NAME,
+    endpoints=(
+        Endpoint(
+            "/v1/qa",
+            QARequest,
+            Answer | list[Answer] | list[list[Answer]],
+            "Extract answers: one pair -> an answer (a list with top_k > 1); `inputs` -> one per pair.",
+            handle,
+        ),
+    ),
+    v2=V2Interface(
+        inputs=("QUESTION", "CONTEXT"),
+        outputs=(
+            tensor("ANSWER", "BYTES"),
+            tensor("SCORE", "FP32"),
+            tensor("START", "INT64"),
+            tensor("END", "INT64"),
+        ),
+        parameters=("max_answer_length", "doc_stride", "handle_impossible_answer"),
+        run=infer,
+    ),
+)
