@@ -19,6 +19,7 @@ of this frontend's streams), `Failed` (a request's error, by kind), `EngineStats
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 from collections.abc import Callable, Sequence
 from typing import cast
@@ -154,7 +155,12 @@ class Channel(asyncio.Protocol):
     """One end of a frontend <-> core connection: whole messages in, whole messages out.
 
     `on_message(channel, frames)` gets each message as it completes (the frames are bytes the caller may
-    keep); `on_lost(channel)` runs once when the connection ends, however it ends."""
+    keep); `on_lost(channel)` runs once when the connection ends, however it ends.
+
+    Messages sent during one turn of the event loop leave together in one write, at the end of the turn:
+    a write is a system call, and under load a frontend sends several requests per turn and the core
+    answers a whole batch at once. Sends happen on the loop's thread only (transports are not
+    thread-safe)."""
 
     def __init__(
         self,
@@ -164,10 +170,12 @@ class Channel(asyncio.Protocol):
         self._on_message = on_message
         self._on_lost = on_lost
         self._buffer = bytearray()
+        self._outgoing: list[bytes] = []  # this turn's messages, written together by _flush
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass, but is one
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -208,12 +216,19 @@ class Channel(asyncio.Protocol):
             return False
         lengths = [len(f) for f in frames]
         head = _PREFIX.pack(4 * len(frames) + sum(lengths), len(frames))
-        assert self.transport is not None
-        self.transport.writelines([head, struct.pack(f"<{len(frames)}I", *lengths), *frames])
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing += (head, struct.pack(f"<{len(frames)}I", *lengths), *frames)
         return True
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(outgoing)
 
     def close(self) -> None:
         if self.transport is not None:
+            self._flush()  # what was sent this turn still leaves
             self.transport.close()
 
 
@@ -284,7 +299,7 @@ def result_rows(message: Encoded, frames: Sequence[bytes]) -> list[dict[str, np.
         flat = np.frombuffer(frame, dtype=dtype)
         at = 0
         for row, shape in zip(results, spec.shapes, strict=True):
-            size = int(np.prod(shape)) if shape else 1
+            size = math.prod(shape)  # of a tuple of ints, ~20x cheaper than np.prod
             row[spec.name] = flat[at : at + size].reshape(shape)
             at += size
     return results

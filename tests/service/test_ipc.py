@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -66,15 +67,30 @@ class FakeTransport:
         self.aborted = True
 
 
+def sent_in_one_turn(messages: list[list[bytes]]) -> FakeTransport:
+    """What a channel writes for `messages` sent during one turn of the event loop."""
+
+    async def main() -> FakeTransport:
+        sender, transport = ipc.Channel(lambda c, f: None), FakeTransport()
+        sender.connection_made(transport)  # type: ignore[arg-type]
+        for m in messages:
+            assert sender.send(m)
+        assert transport.written == []  # they leave at the end of the turn
+        await asyncio.sleep(0)
+        return transport
+
+    return asyncio.run(main())
+
+
+def test_messages_sent_in_one_turn_of_the_loop_leave_in_one_write() -> None:
+    assert len(sent_in_one_turn([[b"one"], [b"two", b"2"], [b"three"]]).written) == 1
+
+
 def test_a_channel_rebuilds_messages_from_any_split_of_the_byte_stream() -> None:
     got: list[list[bytes]] = []
-    sender, receiver = ipc.Channel(lambda c, f: None), ipc.Channel(lambda c, f: got.append(f))
-    transport = FakeTransport()
-    sender.connection_made(transport)  # type: ignore[arg-type]
+    receiver = ipc.Channel(lambda c, f: got.append(f))
     messages = [[b"header", b"x" * 1000], [b""], [b"a", b"", b"bc"]]
-    for m in messages:
-        assert sender.send(m)
-    stream = b"".join(transport.written)
+    stream = b"".join(sent_in_one_turn(messages).written)
     for size in (1, 3, 7, len(stream)):  # byte by byte, odd chunks, all at once
         got.clear()
         for at in range(0, len(stream), size):
@@ -85,7 +101,7 @@ def test_a_channel_rebuilds_messages_from_any_split_of_the_byte_stream() -> None
 def test_a_channel_drops_a_connection_that_announces_an_absurd_message() -> None:
     receiver = ipc.Channel(lambda c, f: None)
     transport = FakeTransport()
-    receiver.connection_made(transport)  # type: ignore[arg-type]
+    receiver.transport = transport  # type: ignore[assignment]
     receiver.data_received(ipc._PREFIX.pack(ipc.MAX_MESSAGE + 1, 1))
     assert transport.aborted
     lost: list[ipc.Channel] = []
