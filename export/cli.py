@@ -22,7 +22,17 @@ console = Console(stderr=True)
 
 def _summary(result: ExportResult) -> Table:
     table = Table(title="export summary")
-    columns = ("variant", "size (MB)", "max |diff|", "top-1 agree", "greedy", "rows", "build (s)", "written")
+    columns = (
+        "variant",
+        "size (MB)",
+        "max |diff|",
+        "top-1 agree",
+        "on",
+        "rows",
+        "greedy",
+        "build (s)",
+        "written",
+    )
     for column in columns:
         table.add_column(column)
     for r in result.variants:
@@ -32,18 +42,32 @@ def _summary(result: ExportResult) -> Table:
             f"{r.size_bytes / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
             f"{r.parity.top1_agreement:.4f}",
-            "-" if greedy is None else f"{greedy:.3f}",
+            "eval" if r.parity.eval_rows else "random",
             str(r.parity.rows),
+            "-" if greedy is None else f"{greedy:.3f}",
             f"{r.seconds:.1f}",
             "yes" if r.passed and result.version_dir else "no",
         )
     return table
 
 
-def _explain_skipped(result: ExportResult) -> None:
+def _explain_skipped(result: ExportResult, eval_data: Path | None) -> None:
+    """Why a variant is missing, what the gate could not check, and a window wider than training's."""
+    if eval_data is None:
+        print_warning(
+            "no --eval-data: the parity gate compared random tokens only: it checked the fp32 graphs' "
+            "numbers but no variant's answers on real inputs, so fp16 and int8 (judged by answers alone) "
+            "are not written"
+        )
     for r in result.variants:
         if not r.passed:
             print_warning(f"{r.variant} not written: {'; '.join(r.problems)}")
+    trained, window = result.trained_length, result.max_length
+    if trained is not None and window is not None and window > trained:
+        print_warning(
+            f"the model was trained on at most {trained} tokens but the service will accept {window}: "
+            f"longer inputs reach positions its training never saw; --max-length {trained} makes them agree"
+        )
 
 
 def _export(
@@ -55,6 +79,7 @@ def _export(
     opset: int | None,
     seed: int,
     eval_data: Path | None,
+    max_length: int | None,
 ) -> ExportResult:
     """The export, followable: a spinner naming its step on a terminal, else plain lines at an interval."""
     with (
@@ -67,7 +92,16 @@ def _export(
             progress_log.update(status=message)
 
         return export_model(
-            model_dir, task, name, repository, variants, opset, seed, eval_data, progress=progress
+            model_dir,
+            task,
+            name,
+            repository,
+            variants,
+            opset,
+            seed,
+            eval_data,
+            progress=progress,
+            max_length=max_length,
         )
 
 
@@ -87,7 +121,15 @@ def main(
     eval_data: Annotated[
         Path | None,
         typer.Option(
-            help="The task's eval file (JSONL/TSV, SQuAD JSON, text): top-1 agreement is measured on it."
+            help="The task's eval file (JSONL/TSV, SQuAD JSON, text): top-1 agreement is measured on it. "
+            "Without it fp16 and int8 cannot be checked and are not written."
+        ),
+    ] = None,
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            help="Longest input the service accepts, in tokens (it truncates or refuses longer ones); "
+            "default: the model's limit. Give the length it was trained on to make them agree."
         ),
     ] = None,
     opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
@@ -99,18 +141,20 @@ def main(
         print_error(f"{model_dir} is not an HF model directory (no config.json)")
         raise typer.Exit(2)
     wanted = [v.strip() for v in variants.split(",") if v.strip()]
-    problems = usage_problems(task, name, repository, wanted, eval_data)
+    problems = usage_problems(task, name, repository, wanted, eval_data, max_length)
     for problem in problems:
         print_error(problem)
     if problems:
         raise typer.Exit(2)
     try:
-        result = _export(model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data)
+        result = _export(
+            model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data, max_length
+        )
     except (ExportError, ValueError, OSError) as e:  # the model or the data: the user's to fix
         print_error(f"export failed: {e}")
         raise typer.Exit(1) from e
     console.print(_summary(result))
-    _explain_skipped(result)
+    _explain_skipped(result, eval_data)
     if result.version_dir is None:
         print_error("fp32 failed its parity gate: nothing written")
         raise typer.Exit(1)

@@ -7,7 +7,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,18 @@ class VariantResult:
 class ExportResult:
     version_dir: Path | None
     variants: list[VariantResult] = field(default_factory=list)
+    max_length: int | None = None  # the window the manifest gives the service
+    trained_length: int | None = None  # the longest sequence the model was trained on, when a report says
+
+
+def trained_length(model_dir: Path) -> int | None:
+    """`max_length` of the run that made the model (its distill or train report), if one says."""
+    for name in ("distill_report.json", "train_report.json"):
+        path = model_dir / name
+        if path.is_file():
+            length = json.loads(path.read_text(encoding="utf-8")).get("recipe", {}).get("max_length")
+            return int(length) if isinstance(length, int) else None
+    return None
 
 
 def max_sequence_length(tokenizer: Any, config: Any) -> int:
@@ -76,6 +88,14 @@ def max_sequence_length(tokenizer: Any, config: Any) -> int:
     if not usable:
         raise ExportError("cannot tell the model's maximum sequence length from its config or tokenizer")
     return min(usable)
+
+
+def _window(tokenizer: Any, config: Any, wanted: int | None) -> int:
+    """The model's own limit, or the narrower window asked for; a wider one is an error."""
+    limit = max_sequence_length(tokenizer, config)
+    if wanted is not None and wanted > limit:
+        raise ExportError(f"max length {wanted} is past the model's limit of {limit} tokens")
+    return limit if wanted is None else wanted
 
 
 def distillation_record(model_dir: Path) -> DistillationRecord | None:
@@ -109,6 +129,7 @@ class _Parity:
     reference: list[Outputs]
     eval_batches: int
     prompts: list[list[int]]
+    require_eval_data: bool = True
 
     def judge(self, variant: str, path: Path) -> tuple[ParityReport, list[str]]:
         try:
@@ -132,8 +153,8 @@ class _Parity:
         )
         if self.layout is not None and variant == "fp32":
             match = greedy_match(session, self.layout, self.model, self.prompts, GREEDY_NEW_TOKENS)
-            report = ParityReport(report.max_abs_diff, report.top1_agreement, report.rows, match)
-        return report, BOUNDS[variant].failures(report)
+            report = replace(report, greedy_match=match)
+        return report, BOUNDS[variant].failures(report, self.require_eval_data)
 
 
 def _prepare_parity(
@@ -163,7 +184,12 @@ def _prepare_parity(
 
 
 def usage_problems(
-    task: str, name: str, repository: Path, variants: Sequence[str], eval_data: Path | None
+    task: str,
+    name: str,
+    repository: Path,
+    variants: Sequence[str],
+    eval_data: Path | None,
+    max_length: int | None = None,
 ) -> list[str]:
     """What is wrong with the request itself, found before any work (the CLI's usage errors)."""
     problems = []
@@ -184,6 +210,8 @@ def usage_problems(
         )
     if eval_data is not None and not eval_data.is_file():
         problems.append(f"{eval_data}: no such eval file")
+    if max_length is not None and max_length < 2:
+        problems.append(f"max length {max_length}: a window needs at least 2 tokens")
     return problems
 
 
@@ -197,20 +225,27 @@ def export_model(
     seed: int = 0,
     eval_data: Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
+    max_length: int | None = None,
+    require_eval_data: bool = True,
 ) -> ExportResult:
-    """Export, gate every variant on parity, and write the ones that pass as the next version."""
-    problems = usage_problems(task, name, repository, variants, eval_data)
+    """Export, gate every variant on parity, and write the ones that pass as the next version.
+
+    `max_length` narrows the window the service accepts (e.g. to the length the model was trained on).
+    Without `eval_data`, fp16 and int8 cannot be checked and are not written, unless `require_eval_data`
+    is False (speed benchmarks of random-weight models, whose answers mean nothing anyway)."""
+    problems = usage_problems(task, name, repository, variants, eval_data, max_length)
     if problems:
         raise ExportError("; ".join(problems))
     spec = SPECS[task]
 
     progress(f"loading the PyTorch reference from {model_dir}")
     model, tokenizer = load_reference(model_dir, spec)
-    max_length = max_sequence_length(tokenizer, model.config)
+    max_length = _window(tokenizer, model.config, max_length)
     progress("running PyTorch over the parity inputs")
     parity = _prepare_parity(spec, model, tokenizer, max_length, eval_data, seed)
+    parity.require_eval_data = require_eval_data
 
-    result = ExportResult(version_dir=None)
+    result = ExportResult(version_dir=None, max_length=max_length, trained_length=trained_length(model_dir))
     with tempfile.TemporaryDirectory(prefix="distilserve-export-") as tmp:
         work = Path(tmp)
         export_dir = work / "onnx"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,37 @@ from export.greedy import greedy_onnx, greedy_torch
 from export.pipeline import ExportError, export_model
 from export.tasks import generation_layout
 from service.repository import read_version, scan_repository
+from service.runtime import choose_variant
 
 TASKS = ("text-classification", "question-answering", "fill-mask", "text-generation")
+
+
+def _eval_file(task: str, folder: Path) -> Path:
+    """A small eval file of the task's format, in the words the tiny models' tokenizers were trained on."""
+    from tests.tiny_models import CORPUS
+
+    lines = CORPUS[:4] * 4
+    if task == "question-answering":
+        context = lines[2]
+        qas = [
+            {
+                "id": str(i),
+                "question": q,
+                "answers": [{"text": "1950", "answer_start": context.index("1950")}],
+            }
+            for i, q in enumerate(["Who founded Acme?", "When was it founded?", "Where is Springfield?"] * 4)
+        ]
+        doc = {"data": [{"title": "Acme", "paragraphs": [{"context": context, "qas": qas}]}]}
+        path = folder / "eval.json"
+        path.write_text(json.dumps(doc), encoding="utf-8")
+    elif task == "text-classification":
+        path = folder / "eval.jsonl"
+        rows = [{"text": t, "label": "positive" if "loved" in t else "negative"} for t in lines]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    else:
+        path = folder / "eval.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +238,12 @@ def test_the_cli_in_a_log_says_what_it_is_doing_at_an_interval(
 
 def test_optimized_and_fp16_variants_keep_the_answers(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     result = export_model(
-        tiny_models["question-answering"], "question-answering", "qa", tmp_path, ("fp32", "optimized", "fp16")
+        tiny_models["question-answering"],
+        "question-answering",
+        "qa",
+        tmp_path / "models",
+        ("fp32", "optimized", "fp16"),
+        eval_data=_eval_file("question-answering", tmp_path),
     )
     assert result.version_dir is not None
     manifest = read_version(result.version_dir).manifest
@@ -235,20 +270,87 @@ def test_int8_is_smaller_and_agrees_on_the_demo_eval_set(
     assert int8.parity["top1_agreement"] >= 0.99
     eval_file = demo_pair[1].parent.parent / "data" / "classification" / "eval.jsonl"
     examples = len(eval_file.read_text().splitlines())
-    assert int8.parity["rows"] == min(examples, 256)  # agreement is measured on the eval texts themselves
+    assert int8.parity["rows"] == int8.parity["eval_rows"] == min(examples, 256)  # on the eval texts
+    assert choose_variant(manifest, "auto", on_gpu=False) == "int8"  # checked, so a CPU serves it
+    assert choose_variant(manifest, "auto", on_gpu=True) == "fp16"
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_without_eval_data_a_reduced_precision_variant_is_not_checked_and_not_served(
+    tiny_models: dict[str, Path], tmp_path: Path, variant: str
+) -> None:
+    """Random tokens check an fp32 graph's numbers, not a quantized model's answers: the gate says so."""
+    result = export_model(
+        tiny_models["text-classification"], "text-classification", "s", tmp_path, ("fp32", variant)
+    )
+    assert result.version_dir is not None
+    reduced = next(r for r in result.variants if r.variant == variant)
+    assert not reduced.passed and reduced.problems[0].startswith("not checked: no eval data (--eval-data)")
+    manifest = read_version(result.version_dir).manifest
+    assert set(manifest.variants) == {"fp32"} and not (result.version_dir / f"model.{variant}.onnx").exists()
+    assert manifest.rejected_variants[variant] == reduced.problems[0]  # why, for the operator
+    assert manifest.variants["fp32"].parity["eval_rows"] == 0  # its top-1 was on random tokens only
+    assert choose_variant(manifest, "auto", on_gpu=variant == "fp16") == "fp32"
+
+
+def test_the_cli_says_what_the_gate_could_not_check_and_narrows_the_window(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_models["text-classification"], model_dir)
+    (model_dir / "train_report.json").write_text(json.dumps({"recipe": {"max_length": 16}}))
+    args = [
+        str(model_dir),
+        "--task",
+        "text-classification",
+        "--name",
+        "s",
+        "--repository",
+        str(tmp_path / "r"),
+    ]
+    unchecked = CliRunner().invoke(app, [*args, "--variants", "fp32,int8"])
+    assert unchecked.exit_code == 0, unchecked.output
+    out = " ".join(unchecked.output.split())
+    assert "no --eval-data: the parity gate compared random tokens only" in out
+    assert "int8 not written: not checked: no eval data" in out
+    assert re.search(r"│ int8 .*│ random │ 21 ", out)  # the summary says what agreement was measured on
+    assert "trained on at most 16 tokens but the service will accept 64" in out
+    assert read_version(tmp_path / "r" / "s" / "1").manifest.max_sequence_length == 64
+
+    eval_data = _eval_file("text-classification", tmp_path)
+    checked = CliRunner().invoke(
+        app, [*args, "--variants", "fp32", "--eval-data", str(eval_data), "--max-length", "16"]
+    )
+    assert checked.exit_code == 0, checked.output
+    assert "no --eval-data" not in checked.output and "trained on at most" not in checked.output
+    manifest = read_version(tmp_path / "r" / "s" / "2").manifest
+    assert manifest.max_sequence_length == manifest.tokenizer.max_length == 16
+    assert manifest.variants["fp32"].parity["eval_rows"] == 16
+    too_long = CliRunner().invoke(app, [*args, "--variants", "fp32", "--max-length", "100000"])
+    assert too_long.exit_code == 1 and "past the model's limit of 64 tokens" in too_long.output
 
 
 def test_the_appending_decoder_builds_every_variant_within_its_gate(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     """distilserve's own GPT-2 graph goes through the same variant builders as optimum's (ORT's GPT-2
-    fusions, int8, fp16) and each passes its parity gate against PyTorch."""
+    fusions, int8, fp16) and each passes its parity gate against PyTorch. The model is untrained, so its
+    answers on real text are near ties that int8 may flip: the gate runs on random tokens, as a benchmark's
+    would (require_eval_data=False)."""
     from export.variants import ALL_VARIANTS
 
-    result = export_model(tiny_models["text-generation"], "text-generation", "lm", tmp_path, ALL_VARIANTS)
+    result = export_model(
+        tiny_models["text-generation"],
+        "text-generation",
+        "lm",
+        tmp_path,
+        ALL_VARIANTS,
+        require_eval_data=False,
+    )
     assert {r.variant: r.problems for r in result.variants} == {v: [] for v in ALL_VARIANTS}
     assert result.version_dir is not None
     m = read_version(result.version_dir).manifest
     assert m.generation is not None and m.generation.present_positions == "new"
     assert set(m.variants) == set(ALL_VARIANTS)
+    assert m.variants["int8"].parity["eval_rows"] == 0  # the manifest says what it was checked on
     assert m.variants["fp32"].parity["greedy_match"] == 1.0
