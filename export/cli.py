@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, cast
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -21,20 +22,10 @@ console = Console(stderr=True)
 
 
 def _summary(result: ExportResult) -> Table:
-    table = Table(title="export summary")
-    columns = (
-        "variant",
-        "size (MB)",
-        "max |diff|",
-        "top-1 agree",
-        "on",
-        "rows",
-        "greedy",
-        "build (s)",
-        "written",
-    )
-    for column in columns:
-        table.add_column(column)
+    table = Table(title="export summary", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    columns = ("variant", "MB", "max |diff|", "top-1", "on", "rows", "greedy", "build s", "written")
+    for column in columns:  # each cell on one line: a log's 80 columns hold them all
+        table.add_column(column, no_wrap=True)
     for r in result.variants:
         greedy = r.parity.greedy_match
         table.add_row(
