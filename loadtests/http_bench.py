@@ -5,7 +5,7 @@
 - classification (the demo student, and a MiniLM-shaped model: 6 layers x 384): batching on vs
   DISTILSERVE_MAX_BATCH_SIZE=1, each with one HTTP frontend and with --frontends, vs a naive FastAPI +
   transformers pipeline server, at 1, 8 and 64 connections; and at 64, the same engine and batcher
-  behind a bare ASGI callable (loadtests/bare_server.py), about the most a Python HTTP layer in front of
+  behind a bare ASGI callable (benchmarks/bare_server.py), about the most a Python HTTP layer in front of
   it could serve,
   driven by wrk (C, not a Python client that would measure itself); the engine's raw throughput at each
   batch size in a separate process, as one call on every core and as one single-threaded call per core;
@@ -39,10 +39,10 @@ import httpx
 import typer
 from rich.console import Console
 
+from benchmarks.shapes import MINILM_BERT_CONFIG
 from common.cli import cli_app
 from common.progress import ProgressLog
 from loadtests.process_cpu import cpu_by_thread_name, per_request_ms
-from loadtests.shapes import MINILM_BERT_CONFIG
 from loadtests.texts import CONTEXT, QUESTIONS, reviews
 
 console = Console(stderr=True)
@@ -150,7 +150,7 @@ def serve(
 def serve_naive(model_dir: Path, device: str) -> Iterator[str]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "loadtests.naive_server", str(model_dir), "--port", str(port)]
+    command = [sys.executable, "-m", "benchmarks.naive_server", str(model_dir), "--port", str(port)]
     command += ["--device", "cuda" if device == "gpu" else "cpu"]
 
     def wait(process: subprocess.Popen[bytes]) -> None:
@@ -592,7 +592,7 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
         bar(
             "served ÷ the bare ASGI server ≥ 0.9",
             best.rps / bare.rps >= 0.9,
-            f"{best.rps / bare.rps:.2f} ({best.server}); the bare server (loadtests/bare_server.py: this "
+            f"{best.rps / bare.rps:.2f} ({best.server}); the bare server (benchmarks/bare_server.py: this "
             f"engine and batcher in one process behind nothing but uvicorn and json) reaches "
             f"{bare.rps / best_raw:.2f} of best raw",
         )
@@ -684,7 +684,7 @@ def generation_pairs(
     print(f"continuous / one at a time at {streams} streams: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
 
-BARE = "bare ASGI"  # the ceiling reference (loadtests/bare_server.py), at 64 clients only
+BARE = "bare ASGI"  # the ceiling reference (benchmarks/bare_server.py), at 64 clients only
 
 
 def classification_servers(frontends: int) -> list[tuple[str, dict[str, str]]]:
@@ -759,7 +759,7 @@ def run(
                 with serve(bench_repo, env) as base:
                     results += [load(name, base, "/v1/classify", model_body, c, seconds) for c in (1, 8, 64)]
                 progress_log.update(advance=3)
-            with serve(bench_repo, {}, module="loadtests.bare_server", ready="/v1/models") as base:
+            with serve(bench_repo, {}, module="benchmarks.bare_server", ready="/v1/models") as base:
                 results.append(load(BARE, base, "/v1/classify", model_body, 64, seconds))
             progress_log.update(advance=1)
             if hf_dir is not None:

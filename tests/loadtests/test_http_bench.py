@@ -27,7 +27,7 @@ def test_the_bare_reference_server_answers_as_the_service_does(tiny_repository: 
     texts = ["a warm and funny film", "dull", "the plot " * 40]  # the last one past the tiny window
     model = TASK_MODEL_NAMES["text-classification"]
     answers = []
-    for module, ready in (("service", "/ready"), ("loadtests.bare_server", "/v1/models")):
+    for module, ready in (("service", "/ready"), ("benchmarks.bare_server", "/v1/models")):
         with serve(tiny_repository, {}, module=module, ready=ready) as base:
             answers.append(
                 [httpx.post(f"{base}/v1/classify", json={"inputs": t, "model": model}).json() for t in texts]

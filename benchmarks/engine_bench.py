@@ -1,7 +1,7 @@
 """Offline engine speed: PyTorch eager vs each ONNX Runtime variant, one fresh process per engine.
 
-    python -m loadtests.engine_bench run --demo build/demo --out docs/bench/engines.md
-    python -m loadtests.engine_bench run --device cuda --out docs/bench/engines-gpu.md   # on a GPU host
+    python -m benchmarks.engine_bench run --demo build/demo --out docs/bench/engines.md
+    python -m benchmarks.engine_bench run --device cuda --out docs/bench/engines-gpu.md   # on a GPU host
 
 For every demo teacher and student it exports all variants (through the parity gate) into `--exports`
 (reused when already there, so a GPU host needs no exporter), then times a forward pass at batch 1 and 32,
@@ -200,7 +200,7 @@ class Row:
 
 
 def _spawn(engine: str, target: Path, seq: int, threads: int, device: str) -> list[float]:
-    command = [sys.executable, "-m", "loadtests.engine_bench", "measure", engine, str(target)]
+    command = [sys.executable, "-m", "benchmarks.engine_bench", "measure", engine, str(target)]
     command += ["--batches", ",".join(map(str, BATCHES)), "--seq", str(seq), "--threads", str(threads)]
     command += ["--device", device]
     out = subprocess.run(command, capture_output=True, text=True, env={**os.environ})

@@ -1,6 +1,6 @@
 """The naive baseline: FastAPI + a transformers `pipeline` in PyTorch, one request at a time (sync endpoint).
 
-    python -m loadtests.naive_server MODEL_DIR --port 8100 [--device cuda]
+    python -m benchmarks.naive_server MODEL_DIR --port 8100 [--device cuda]
 
 What a first attempt at serving looks like; the benchmark compares distilserve with it on the same model.
 """

@@ -1,6 +1,6 @@
 """The ceiling reference: distilserve's engine behind the least a Python HTTP layer can do per request.
 
-    python -m loadtests.bare_server --model-repository models --port 8101   (the service's flags and env)
+    python -m benchmarks.bare_server --model-repository models --port 8101   (the service's flags and env)
 
 uvicorn and a bare ASGI callable for `POST /v1/classify` `{"inputs": "<one text>", "model"?}`: read the body,
 json.loads, tokenize, submit to the same micro-batcher and engine the service uses, write the labels.
@@ -107,7 +107,7 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 if __name__ == "__main__":
-    settings = parse_cli(sys.argv[1:], prog="python -m loadtests.bare_server")
+    settings = parse_cli(sys.argv[1:], prog="python -m benchmarks.bare_server")
     configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
         BareClassifier(settings),

@@ -1,6 +1,6 @@
 """Fill-mask graphs side by side: optimum's (logits at every position) vs distilserve's mask-scoring graph.
 
-    python -m loadtests.fill_mask_bench --out docs/bench/fill-mask.md [--device cuda]
+    python -m benchmarks.fill_mask_bench --out docs/bench/fill-mask.md [--device cuda]
 
 A masked LM of all-MiniLM-L6-v2's shape (6 x 384) with BERT's 30,522-token vocabulary and random weights
 (speed only: no hub), exported both ways, each as fp32 and int8 (the CPU default), then timed with ONNX
@@ -21,9 +21,9 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from benchmarks.shapes import MINILM_BERT_CONFIG
 from common.cli import one_command_app
 from common.progress import ProgressLog
-from loadtests.shapes import MINILM_BERT_CONFIG
 
 console = Console(stderr=True)
 SHAPES = ((1, 24), (8, 32), (32, 32), (8, 128))  # (texts, tokens each)
@@ -112,7 +112,7 @@ def main(
         f"# Fill-mask graphs on {device}: ms per call (median of {rounds} alternating rounds)",
         "",
         "MiniLM-shaped masked LM (6 x 384), BERT's 30,522-token vocabulary, one mask a text "
-        "(`python -m loadtests.fill_mask_bench`).",
+        "(`python -m benchmarks.fill_mask_bench`).",
         "",
         f"| graph | {header} |",
         "|---|" + "---|" * len(SHAPES),
