@@ -19,13 +19,13 @@ from service.tasks.common import (
     check_chars,
     enforce_window,
     label_order,
+    per_text_endpoint,
     run_all,
     strings,
     tokenizing,
     validated,
 )
 from service.tasks.contract import (
-    Collaborators,
     Endpoint,
     EngineAsks,
     ModelRequest,
@@ -89,15 +89,6 @@ async def classify(
     return [top_labels(o["probabilities"], model.manifest.labels, top_k) for o in outputs]
 
 
-async def handle(
-    body: ClassifyRequest, x: Exchange, c: Collaborators
-) -> list[LabelScore] | list[list[LabelScore]]:
-    model = c.resolve(NAME, body.model, body.version, x)
-    texts = c.texts(body.inputs, x)
-    rows = await classify(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
-    return rows[0] if isinstance(body.inputs, str) else rows
-
-
 async def infer(job: V2Job) -> dict[str, np.ndarray]:
     texts = job.texts["TEXT"]
     validated(ClassifyRequest, {"inputs": texts}, {"inputs": "TEXT"})
@@ -119,7 +110,7 @@ TASK = ServedTask(
             ClassifyRequest,
             list[LabelScore] | list[list[LabelScore]],
             "Classify one text (-> a list of {label, score}) or a list of texts (-> a list per text).",
-            handle,
+            per_text_endpoint(NAME, classify),
         ),
     ),
     v2=V2Interface(

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from service.batching import ItemTiming, QueueTooSmallError
 from service.exchange import Exchange
-from service.tasks.contract import InvalidInputError, TensorError, V2Job
+from service.tasks.contract import Collaborators, Handler, InvalidInputError, TensorError, V2Job
 from service.tokenization import EncodedText
 
 if TYPE_CHECKING:
@@ -20,6 +20,31 @@ if TYPE_CHECKING:
     from service.served import Outputs, ServedModel
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+
+class TextsRequest(Protocol):
+    """A request of `inputs` (one text or a list) and `top_k` (classification, fill-mask)."""
+
+    model: str | None
+    version: int | None
+    inputs: str | list[str]
+    top_k: int
+
+
+PerText = Callable[["ServedModel", Sequence[str], int, "Metrics", float, Exchange], Awaitable[list[R]]]
+
+
+def per_text_endpoint(task: str, run: PerText[R]) -> Handler:
+    """The handler of a task that answers each text on its own: one text -> its answer, a list -> a list."""
+
+    async def handle(body: TextsRequest, x: Exchange, c: Collaborators) -> R | list[R]:
+        model = c.resolve(task, body.model, body.version, x)
+        texts = c.texts(body.inputs, x)
+        rows = await run(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
+        return rows[0] if isinstance(body.inputs, str) else rows
+
+    return handle
 
 
 def check_chars(texts: Sequence[str], x: Exchange, what: str = "input") -> None:

@@ -16,9 +16,17 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 
 from service.exchange import Exchange
 from service.tasks.classification import softmax
-from service.tasks.common import check_chars, enforce_window, passed, run_all, strings, tokenizing, validated
+from service.tasks.common import (
+    check_chars,
+    enforce_window,
+    passed,
+    per_text_endpoint,
+    run_all,
+    strings,
+    tokenizing,
+    validated,
+)
 from service.tasks.contract import (
-    Collaborators,
     Endpoint,
     EngineAsks,
     InvalidInputError,
@@ -106,15 +114,6 @@ async def fill_mask(
     return results
 
 
-async def handle(
-    body: FillMaskRequest, x: Exchange, c: Collaborators
-) -> list[Candidate] | list[list[Candidate]]:
-    model = c.resolve(NAME, body.model, body.version, x)
-    texts = c.texts(body.inputs, x)
-    rows = await fill_mask(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
-    return rows[0] if isinstance(body.inputs, str) else rows
-
-
 async def infer(job: V2Job) -> dict[str, np.ndarray]:
     texts = job.texts["TEXT"]
     body = validated(
@@ -142,7 +141,7 @@ TASK = ServedTask(
             FillMaskRequest,
             list[Candidate] | list[list[Candidate]],
             "Fill the mask: one text -> a list of candidates; a list of texts -> a list per text.",
-            handle,
+            per_text_endpoint(NAME, fill_mask),
         ),
     ),
     v2=V2Interface(
