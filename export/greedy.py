@@ -21,7 +21,7 @@ def greedy_onnx(
     """New token ids (ending with eos if produced) for one prompt."""
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
-    empty = np.zeros((1, layout.num_heads, 0, layout.head_dim), dtype=np.float32)
+    empty = np.zeros((1, layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
     past = {layout.past_key_name.format(layer=i): empty for i in range(layout.num_layers)}
     past |= {layout.past_value_name.format(layer=i): empty for i in range(layout.num_layers)}
     ids = np.asarray([list(prompt)], dtype=np.int64)

@@ -27,6 +27,7 @@ from export.tasks import (
     generation_layout,
     load_reference,
     onnx_feeds,
+    parity_extent,
     torch_outputs,
 )
 from export.variants import ALL_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION, build_variant
@@ -166,8 +167,9 @@ def _prepare_parity(
     seed: int,
 ) -> _Parity:
     layout = generation_layout(model.config, tokenizer) if spec.task == "text-generation" else None
-    batches = generated_inputs(spec, tokenizer, model.config, max_length, seed)
-    from_eval = eval_inputs(spec, tokenizer, eval_data, max_length) if eval_data is not None else []
+    length, texts = parity_extent(spec, model.config, max_length)
+    batches = generated_inputs(spec, tokenizer, model.config, length, seed)
+    from_eval = eval_inputs(spec, tokenizer, eval_data, length, texts) if eval_data is not None else []
     batches += from_eval
     reference = [torch_outputs(model, spec, b, tokenizer.mask_token_id) for b in batches]
     prompts: list[list[int]] = []

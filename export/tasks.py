@@ -82,18 +82,31 @@ def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds, mask_token_id: int |
     return outputs
 
 
-def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
-    """KV-cache layout of the decoder export: distilserve's appending graph where the architecture has
-    one (GPT-2), optimum's text-generation-with-past graph otherwise (one merged graph)."""
+APPENDING_TYPES = ("gpt2", "llama")  # decoders exported as distilserve's appending graph
+
+
+def decoder_shape(config: Any) -> tuple[int, int, int, int]:
+    """(layers, attention heads, key/value heads, head dim) from a GPT-2 or Llama-style config; the cache
+    holds key/value heads, fewer than the attention heads under grouped-query attention."""
     heads = int(getattr(config, "n_head", None) or config.num_attention_heads)
     hidden = int(getattr(config, "n_embd", None) or config.hidden_size)
     layers = int(getattr(config, "n_layer", None) or config.num_hidden_layers)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return layers, heads, kv_heads, head_dim
+
+
+def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
+    """KV-cache layout of the decoder export: distilserve's appending graph where the architecture has
+    one (GPT-2, Llama), optimum's text-generation-with-past graph otherwise (one merged graph)."""
+    layers, heads, kv_heads, head_dim = decoder_shape(config)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationLayout(
         num_layers=layers,
         num_heads=heads,
-        head_dim=hidden // heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         eos_token_id=eos,
         pad_token_id=pad,
         present_positions="new" if appends(config) else "all",
@@ -102,7 +115,9 @@ def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
 
 def appends(config: Any) -> bool:
     """Whether the decoder is exported as distilserve's appending graph (export/appending_decoder.py)."""
-    return getattr(config, "model_type", None) == "gpt2" and not getattr(config, "add_cross_attention", False)
+    return getattr(config, "model_type", None) in APPENDING_TYPES and not getattr(
+        config, "add_cross_attention", False
+    )
 
 
 def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayout | None) -> Feeds:
@@ -110,12 +125,33 @@ def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayou
     out = {k: v for k, v in feeds.items() if k in input_names}
     if layout is not None:
         batch = feeds["input_ids"].shape[0]
-        empty = np.zeros((batch, layout.num_heads, 0, layout.head_dim), dtype=np.float32)
+        empty = np.zeros((batch, layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
         for layer in range(layout.num_layers):
             out[layout.past_key_name.format(layer=layer)] = empty
             out[layout.past_value_name.format(layer=layer)] = empty
         out["position_ids"] = position_ids(feeds["attention_mask"])
     return out
+
+
+# PyTorch's outputs are kept for every parity batch while each variant is compared with them. A decoder's
+# are [rows, positions, vocabulary]: SmolLM2 (49,152 tokens) at its 8k window would hold ~25 GB for the
+# generated batches alone. Half the budget goes to the generated batches, half to the eval texts.
+PARITY_OUTPUT_BYTES = 2 << 30
+EVAL_TEXTS = 256
+GENERATED_BATCH_SIZES = (1, 4, 16)
+
+
+def parity_extent(spec: TaskSpec, config: Any, max_length: int) -> tuple[int, int]:
+    """(longest parity input, eval texts compared): the model's window and EVAL_TEXTS, unless a decoder's
+    per-position vocabulary logits would outgrow PARITY_OUTPUT_BYTES; then shorter inputs (at least 64
+    tokens: the graph is the same at any length) and fewer eval texts (at least 8)."""
+    if spec.task != "text-generation":
+        return max_length, EVAL_TEXTS
+    position_bytes = 4 * int(config.vocab_size)
+    generated_rows = sum(GENERATED_BATCH_SIZES)
+    length = min(max_length, max(64, PARITY_OUTPUT_BYTES // 2 // (generated_rows * position_bytes)))
+    texts = min(EVAL_TEXTS, max(8, PARITY_OUTPUT_BYTES // 2 // (length * position_bytes)))
+    return length, texts
 
 
 def generated_inputs(spec: TaskSpec, tokenizer: Any, config: Any, max_length: int, seed: int) -> list[Feeds]:
@@ -129,6 +165,7 @@ def generated_inputs(spec: TaskSpec, tokenizer: Any, config: Any, max_length: in
         sep_id=None if decoder else tokenizer.sep_token_id,
         pad_id=_pad_id(tokenizer),
         seed=seed,
+        batch_sizes=GENERATED_BATCH_SIZES,
         with_token_types="token_type_ids" in tokenizer.model_input_names,
     )
     if spec.task == "fill-mask":  # one mask a row, anywhere between [CLS] and [SEP], as a client sends it

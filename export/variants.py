@@ -43,13 +43,16 @@ def build_int8(fp32: Path, out: Path) -> None:
     fp32; Gemms are rewritten as MatMul + Add first. Seven-bit weights keep AVX2 machines without VNNI
     from saturating their 16-bit sums (on the demo QA student, 8-bit per-tensor weights: top-1 0.989,
     7-bit per-channel: 0.995). An embedding table that is also the output head (GPT-2's tied `wte`)
-    stays fp32: quantizing it coarsens every logit (demo LM top-1 0.984 instead of 0.993).
+    stays fp32: quantizing it coarsens every logit (demo LM top-1 0.984 instead of 0.993). Linear layers
+    (Llama's) export as MatMul over a Transpose of the weight, which the quantizer does not see as a
+    constant: those transposes are folded into the weights first.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(fp32))
     gemms_as_matmuls(model.graph)
+    fold_weight_transposes(model.graph)
     with tempfile.TemporaryDirectory() as tmp:
         rewritten = Path(tmp) / "model.onnx"
         onnx.save(model, str(rewritten))
@@ -74,6 +77,30 @@ def tied_embedding_lookups(graph: onnx.GraphProto) -> list[str]:
         for node in graph.node
         if node.op_type == "Gather" and node.input[0] in weights and uses[node.input[0]] > 1
     ]
+
+
+def fold_weight_transposes(graph: onnx.GraphProto) -> None:
+    """Replace each Transpose of a weight that nothing else reads by the transposed weight, in place, so
+    the MatMul after it has a constant input to quantize. A weight read elsewhere too (an embedding table
+    tied to the output head) keeps its Transpose, and so stays fp32 in the head."""
+    from onnx import helper, numpy_helper
+
+    weights = {init.name: init for init in graph.initializer}
+    uses = Counter(name for node in graph.node for name in node.input)
+    outputs = {value.name for value in graph.output}
+    nodes = []
+    for node in graph.node:
+        source = node.input[0] if node.op_type == "Transpose" else None
+        if source not in weights or uses[source] > 1 or node.output[0] in outputs:
+            nodes.append(node)
+            continue
+        weight = weights.pop(source)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        array = numpy_helper.to_array(weight)
+        folded = numpy_helper.from_array(array.transpose(attrs.get("perm")).copy(), node.output[0])
+        weight.CopyFrom(folded)  # the same initializer slot, now named as the Transpose's output
+    graph.ClearField("node")
+    graph.node.extend(nodes)
 
 
 def gemms_as_matmuls(graph: onnx.GraphProto) -> None:

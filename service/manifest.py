@@ -8,7 +8,7 @@ A version directory looks like:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -70,10 +70,16 @@ class SpecialTokens(_Strict):
 
 
 class GenerationLayout(_Strict):
-    """KV-cache layout of a decoder graph (filled in for text-generation)."""
+    """KV-cache layout of a decoder graph (filled in for text-generation).
+
+    The cache tensors are [batch, num_key_value_heads, positions, head_dim]: under grouped-query attention
+    (Llama family) several query heads share one key/value head, so the cache has fewer heads than the
+    attention. A manifest written before the field existed has as many key/value heads as heads.
+    """
 
     num_layers: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
+    num_heads: int = Field(gt=0)  # attention (query) heads
+    num_key_value_heads: int = Field(gt=0)  # heads of the cache's keys and values
     head_dim: int = Field(gt=0)
     past_key_name: str = "past_key_values.{layer}.key"
     past_value_name: str = "past_key_values.{layer}.value"
@@ -86,6 +92,22 @@ class GenerationLayout(_Strict):
     # "new": `present` holds only the positions fed in (distilserve's appending GPT-2 graph).
     # Either way the new positions are the last ones; the runner appends them to the cache it keeps.
     present_positions: Literal["all", "new"] = "all"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_value_heads_default_to_heads(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("num_key_value_heads") is None and "num_heads" in data:
+            return {**data, "num_key_value_heads": data["num_heads"]}
+        return data
+
+    @model_validator(mode="after")
+    def _heads_share_key_value_heads_evenly(self) -> GenerationLayout:
+        if self.num_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        return self
 
 
 class ModelScore(_Strict):

@@ -49,6 +49,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny Llama HF directory: grouped-query attention (4 heads over 2 KV heads), rotary
+    positions, RMSNorm, gated MLP, tied embeddings, a SmolLM2-like byte-level BPE and chat template."""
+    from tests.tiny_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
     """A model repository with one fp32 model per task, named as in TASK_MODEL_NAMES."""
     from export.pipeline import export_model

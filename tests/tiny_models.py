@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CORPUS = [
     "I loved this film, it was wonderful.",
@@ -12,13 +13,13 @@ CORPUS = [
 ] * 40
 
 
-def _wordpiece() -> object:
+def _wordpiece() -> Any:
     from training.tokenizer import train_wordpiece
 
     return train_wordpiece(CORPUS, vocab_size=300)
 
 
-def _bpe() -> object:
+def _bpe() -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -36,6 +37,88 @@ def _bpe() -> object:
         pad_token="<|endoftext|>",
         model_input_names=["input_ids", "attention_mask"],
     )
+
+
+# SmolLM2's special tokens at its ids: <|endoftext|> 0 (unk), <|im_start|> 1 (bos), <|im_end|> 2 (eos, pad).
+LLAMA_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def llama_bpe() -> Any:
+    """A byte-level BPE as SmolLM2's: every digit split off first, then GPT-2's split; no BOS added."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=LLAMA_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        model_input_names=["input_ids", "attention_mask"],
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_llama(
+    vocab_size: int, positions: int = 64, seed: int = 0, std: float | None = None, **overrides: object
+) -> Any:
+    """An untrained Llama with everything SmolLM2 has: rotary positions, grouped-query attention (4 query
+    heads over 2 key/value heads), RMSNorm, a gated MLP and the output head tied to the embeddings.
+
+    `std`: weights drawn wider than the 0.02 init give logits far apart, a harder test of the numerics;
+    int8 agreement is then poor, as on any random model whose answers hinge on tiny margins. `overrides`:
+    other LlamaConfig fields (e.g. num_key_value_heads=4, tie_word_embeddings=False)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    config.update(overrides)
+    model = LlamaForCausalLM(config).eval()
+    if std is not None:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 2:
+                    parameter.normal_(0.0, std)
+    return model
+
+
+def build_tiny_llama(out: Path, positions: int = 64) -> Path:
+    """An untrained tiny GQA Llama HF directory with a SmolLM2-like tokenizer and chat template."""
+    tokenizer = llama_bpe()
+    model = tiny_llama(len(tokenizer), positions)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
@@ -62,7 +145,7 @@ def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
             bos_token_id=0,
             eos_token_id=0,
         )
-        model = GPT2LMHeadModel(config)
+        model: Any = GPT2LMHeadModel(config)
     else:
         tokenizer = _wordpiece()
         bert = dict(
@@ -84,5 +167,5 @@ def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
         else:
             model = BertForMaskedLM(BertConfig(**bert))
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(out)
     return out

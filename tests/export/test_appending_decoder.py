@@ -1,22 +1,34 @@
-"""The appending GPT-2 decoder graph computes PyTorch's logits with a cache the caller keeps."""
+"""The appending decoder graphs (GPT-2, and Llama with grouped-query attention) compute PyTorch's logits
+with a cache the caller keeps."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from export.appending_decoder import export_appending_decoder
+from export.tasks import decoder_shape
 
 
-@pytest.fixture(scope="module")
-def decoder(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
+@pytest.fixture(scope="module", params=["gpt2", "llama", "llama-untied-mha"])
+def decoder(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, ort.InferenceSession]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
-    path = tmp_path_factory.mktemp("appending") / "model.onnx"
+    from tests.tiny_models import tiny_llama
+
+    if request.param == "gpt2":
+        model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
+    elif request.param == "llama":  # weights wider than the init: logits far apart, a harder test
+        model = tiny_llama(vocab_size=300, std=0.2)
+    else:  # as many key/value heads as heads, and an output head of its own
+        model = tiny_llama(vocab_size=300, std=0.2, num_key_value_heads=4, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp(f"appending-{request.param}") / "model.onnx"
     export_appending_decoder(model, path, opset=17)
     return model, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
@@ -36,13 +48,16 @@ def _reference(model: object, tokens: list[int]) -> np.ndarray:
         return model(input_ids=torch.tensor([tokens])).logits[0].numpy()  # type: ignore[operator]
 
 
-def test_padded_prefill_then_decode_into_a_roomy_cache_equals_pytorch(decoder: tuple[object, object]) -> None:
+def test_padded_prefill_then_decode_into_a_roomy_cache_equals_pytorch(
+    decoder: tuple[Any, ort.InferenceSession],
+) -> None:
     """Right-padded prompts of different lengths, then steps whose past is a preallocated cache with
     unused (masked, zero) columns and gaps, as the runner keeps it: every real row's logits equal
-    PyTorch run on that sequence alone, and `present` is only the new position."""
+    PyTorch run on that sequence alone, and `present` is only the new position (for Llama, with as many
+    heads as the key/value heads, fewer than the attention's)."""
     model, session = decoder
-    config = model.config  # type: ignore[attr-defined]
-    heads, head_dim, layers = config.n_head, config.n_embd // config.n_head, config.n_layer
+    config = model.config
+    layers, _, heads, head_dim = decoder_shape(config)
     rng = np.random.default_rng(0)
     lengths = [7, 2, 5]
     rows, width = len(lengths), max(lengths)

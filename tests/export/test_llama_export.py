@@ -1,0 +1,86 @@
+"""A Llama-family decoder (grouped-query attention, rotary positions, RMSNorm, gated MLP, tied embeddings)
+exports through the same path as GPT-2: the appending graph, the parity gate, fp32 and int8, and a manifest
+that records the grouped KV layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.greedy import greedy_onnx, greedy_torch
+from export.pipeline import export_model
+from export.tasks import SPECS, generation_layout, parity_extent
+from service.repository import read_version
+from tests.tiny_models import CORPUS
+
+
+@pytest.fixture(scope="module")
+def eval_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llama-eval") / "eval.txt"
+    path.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_llama_dir: Path, eval_text: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repository = tmp_path_factory.mktemp("llama-repo")
+    result = export_model(
+        tiny_llama_dir, "text-generation", "llama", repository, ("fp32", "int8"), eval_data=eval_text
+    )
+    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "int8": []}
+    assert result.version_dir is not None
+    return result.version_dir
+
+
+def test_the_manifest_records_the_grouped_kv_layout(exported: Path) -> None:
+    manifest = read_version(exported).manifest
+    layout = manifest.generation
+    assert layout is not None
+    assert (layout.num_layers, layout.num_heads, layout.num_key_value_heads, layout.head_dim) == (2, 4, 2, 16)
+    assert layout.present_positions == "new" and (layout.eos_token_id, layout.pad_token_id) == (2, 2)
+    shapes = {t.name: t.shape for t in manifest.inputs + manifest.outputs}
+    assert shapes["past_key_values.0.key"][1] == 2 and shapes["present.1.value"][1] == 2
+    fp32 = manifest.variants["fp32"].parity
+    assert fp32["max_abs_diff"] <= 1e-4 and fp32["greedy_match"] == 1.0 and fp32["eval_rows"] > 0
+
+
+def test_onnx_greedy_with_the_cache_equals_pytorch_generate(tiny_llama_dir: Path, exported: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    layout = generation_layout(model.config, tokenizer)
+    session = ort.InferenceSession(str(exported / "model.onnx"), providers=["CPUExecutionProvider"])
+    for text in ("I loved this", "Acme was founded by John Smith in 1950", "Who"):
+        prompt = tokenizer(text)["input_ids"]
+        expected = greedy_torch(model, prompt, 24, layout.eos_token_id)
+        assert greedy_onnx(session, layout, prompt, 24) == expected
+        assert len(expected) >= 1
+
+
+def test_int8_quantizes_the_linear_layers_and_keeps_the_tied_head_fp32(exported: Path) -> None:
+    """Llama's Linear layers export as MatMul over a transposed weight; int8 folds the transposes so the
+    quantizer sees constant weights. The embedding table is also the output head: it stays fp32."""
+    manifest = read_version(exported).manifest
+    assert manifest.variants["int8"].size_bytes < 0.8 * manifest.variants["fp32"].size_bytes
+    graph = onnx.load(str(exported / "model.int8.onnx")).graph
+    quantized = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    assert len(quantized) == 2 * 7  # q, k, v, o, gate, up, down in each of the 2 layers
+    table = next(i for i in graph.initializer if i.name == "embed_tokens.weight")
+    assert table.data_type == onnx.TensorProto.FLOAT
+
+
+def test_a_large_vocabulary_decoder_checks_parity_on_shorter_inputs() -> None:
+    """PyTorch's logits are kept for every parity batch: at SmolLM2's vocabulary (49,152) and 8k window
+    they would take tens of GB, so inputs and eval texts are cut to the budget; small models keep theirs."""
+
+    class Config:
+        vocab_size = 49_152
+
+    assert parity_extent(SPECS["text-generation"], Config, 8192) == (260, 21)
+    Config.vocab_size = 8000  # the demo GPT-2's
+    assert parity_extent(SPECS["text-generation"], Config, 128) == (128, 256)
+    assert parity_extent(SPECS["text-classification"], Config, 512) == (512, 256)

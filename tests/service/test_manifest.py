@@ -1,0 +1,29 @@
+"""The manifest's generation layout: the KV cache's own head count (grouped-query attention)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.manifest import GenerationLayout
+
+
+def test_a_layout_without_key_value_heads_has_as_many_as_heads() -> None:
+    """Manifests written before grouped-query attention existed here keep reading the same."""
+    layout = GenerationLayout.model_validate({"num_layers": 2, "num_heads": 4, "head_dim": 16})
+    assert layout.num_key_value_heads == 4
+
+
+def test_grouped_query_attention_records_fewer_key_value_heads() -> None:
+    layout = GenerationLayout.model_validate(
+        {"num_layers": 30, "num_heads": 9, "num_key_value_heads": 3, "head_dim": 64}
+    )
+    assert (layout.num_heads, layout.num_key_value_heads) == (9, 3)
+    assert GenerationLayout.model_validate(layout.model_dump()) == layout
+
+
+def test_heads_that_do_not_share_key_value_heads_evenly_are_refused() -> None:
+    with pytest.raises(ValidationError, match="not a multiple"):
+        GenerationLayout.model_validate(
+            {"num_layers": 2, "num_heads": 4, "num_key_value_heads": 3, "head_dim": 8}
+        )
