@@ -6,19 +6,23 @@ loadtest up -d locust`, then http://localhost:8089):
     .venv/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --headless -u 16 -r 4 -t 1m
 
 What one user does, by task weight (out of 100):
-- 36 classification: one text (28) or a list of 2-8 (8);
-- 18 question answering: one question over a context of 1-17 paragraphs (the longest span several
-  windows) (14), or 2-4 questions at once (4);
-- 16 fill-mask: one short or medium text with a word masked (12) or a list of 2-4 (4);
-- 22 generation: a short prompt, 8-64 new tokens, greedy or sampled, whole (10) or streamed as
-  Server-Sent Events (12);
+- 30 classification: one text (24) or a list of 2-8 (6);
+- 16 question answering: one question over a context of 1-17 paragraphs (the longest span several
+  windows) (12), or 2-4 questions at once (4);
+- 14 fill-mask: one short or medium text with a word masked (10) or a list of 2-4 (4);
+- 18 generation: a short prompt, 8-64 new tokens, greedy or sampled, whole (8) or streamed as
+  Server-Sent Events (10);
+- 6 OpenAI completions (/v1/completions), the same prompts, whole (3) or streamed (3);
+- 8 Open Inference Protocol (/v2/models/NAME/infer, JSON): one to four texts for a task's model, picked
+  at random among those served;
 - 8 deliberate bad requests (empty or wrongly typed inputs, unknown fields, no mask, an unknown model,
   a body that is not JSON), each a success only when it gets its 4xx.
 
 Texts are mostly short (a few to 30 tokens), some medium, a few long enough to be truncated to the
 model's window, as in real traffic. A 429 (queue full) is a failure named "429 Too Many Requests" so the
 report can tell it from real ones. A streamed generation's response time is the whole stream; its time to
-the first token is a row of its own ("SSE" / "/v1/generate [stream] first token").
+the first token is a row of its own ("SSE" / "/v1/generate [stream] first token", and the same for
+/v1/completions).
 
 With --csv PREFIX, PREFIX_final_stats.csv and PREFIX_final_failures.csv are written at the very end:
 locust's own PREFIX_stats.csv is rewritten only once a second and misses what finished after that.
@@ -85,10 +89,12 @@ class ServiceUser(HttpUser):
         if key := os.environ.get("LOADTEST_API_KEY"):
             self.client.headers["Authorization"] = f"Bearer {key}"
         self.mask = "[MASK]"
+        self.models: dict[str, str] = {}  # task -> the name of a model serving it (for /v2)
         with self.client.get("/v1/models", name="/v1/models", catch_response=True) as r:
             if r.status_code == 200:
                 cards = r.json()["models"]
                 self.mask = next((c["mask_token"] for c in cards if c["mask_token"]), self.mask)
+                self.models = {c["task"]: c["name"] for c in cards}
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -118,6 +124,50 @@ class ServiceUser(HttpUser):
         words[self.rng.randrange(min(len(words), 12))] = self.mask
         return " ".join(words)
 
+    def stream(
+        self, path: str, body: dict[str, Any], first_token: Callable[[dict[str, Any]], bool], final: str
+    ) -> None:
+        """POST a streamed request and read its Server-Sent Events: a success when the stream ends with
+        `final` (an event holding that key, or that raw data) after a token, with no error event on the way.
+        Its response time is the whole stream; the first token's time is fired as an "SSE" row."""
+        started = time.perf_counter()
+        first_token_s: float | None = None
+        ended = False
+        name = f"{path} [stream]"
+        with self.client.post(path, json=body, name=name, stream=True, catch_response=True) as r:
+            if r.status_code != 200:
+                fail(r, 200)
+                return
+            for line in r.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[len(b"data: ") :]
+                if data == final.encode():
+                    ended = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    r.failure(f"error event: {event['error']}")
+                    return
+                if final in event:
+                    ended = True
+                elif first_token_s is None and first_token(event):
+                    first_token_s = time.perf_counter() - started
+            # The whole stream, not only its headers, is this request's response time.
+            cast(dict[str, Any], r.request_meta)["response_time"] = (time.perf_counter() - started) * 1000
+            if not ended or first_token_s is None:
+                r.failure("the stream ended without tokens or without its final event")
+                return
+            r.success()
+        self.environment.events.request.fire(
+            request_type="SSE",
+            name=f"{name} first token",
+            response_time=first_token_s * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+
     def generation_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "prompt": review(self.rng, max_clauses=self.rng.choice([0, 1, 2])),
@@ -128,19 +178,25 @@ class ServiceUser(HttpUser):
             body.update(temperature=0.8, top_p=0.9)
         return body
 
+    def completion_body(self) -> dict[str, Any]:
+        """OpenAI's names for the same prompts and lengths as /v1/generate's."""
+        body = self.generation_body()
+        completion = {"prompt": body["prompt"], "max_tokens": body["max_new_tokens"]}
+        return completion | {k: body[k] for k in ("temperature", "top_p") if k in body}
+
     # -- tasks ----------------------------------------------------------------------------------------
 
-    @task(28)
+    @task(24)
     def classify(self) -> None:
         self.post("/v1/classify", {"inputs": text_of_some_length(self.rng)}, "/v1/classify", valid=is_list)
 
-    @task(8)
+    @task(6)
     def classify_list(self) -> None:
         texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(2, 8))]
         body = {"inputs": texts, "top_k": 2}
         self.post("/v1/classify", body, "/v1/classify [list]", valid=lambda out: len(out) == len(texts))
 
-    @task(14)
+    @task(12)
     def qa(self) -> None:
         body = {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
         self.post("/v1/qa", body, "/v1/qa", valid=lambda out: "answer" in out)
@@ -153,7 +209,7 @@ class ServiceUser(HttpUser):
         ]
         self.post("/v1/qa", {"inputs": pairs}, "/v1/qa [list]", valid=lambda out: len(out) == len(pairs))
 
-    @task(12)
+    @task(10)
     def fill_mask(self) -> None:
         self.post("/v1/fill-mask", {"inputs": self.masked(), "top_k": 5}, "/v1/fill-mask", valid=is_list)
 
@@ -167,48 +223,50 @@ class ServiceUser(HttpUser):
             valid=lambda out: len(out) == len(texts),
         )
 
-    @task(10)
+    @task(8)
     def generate(self) -> None:
         self.post(
             "/v1/generate", self.generation_body(), "/v1/generate", valid=lambda out: "finish_reason" in out
         )
 
-    @task(12)
+    @task(10)
     def generate_stream(self) -> None:
         body = {**self.generation_body(), "stream": True}
-        started = time.perf_counter()
-        first_token_s: float | None = None
-        final: dict[str, Any] | None = None
-        name = "/v1/generate [stream]"
-        with self.client.post("/v1/generate", json=body, name=name, stream=True, catch_response=True) as r:
-            if r.status_code != 200:
-                fail(r, 200)
-                return
-            for line in r.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                event = json.loads(line[len(b"data: ") :])
-                if "error" in event:
-                    r.failure(f"error event: {event['error']}")
-                    return
-                if "finish_reason" in event:
-                    final = event
-                elif first_token_s is None:
-                    first_token_s = time.perf_counter() - started
-            # The whole stream, not only its headers, is this request's response time.
-            cast(dict[str, Any], r.request_meta)["response_time"] = (time.perf_counter() - started) * 1000
-            if final is None or first_token_s is None:
-                r.failure("the stream ended without tokens or without its final event")
-                return
-            r.success()
-        self.environment.events.request.fire(
-            request_type="SSE",
-            name=f"{name} first token",
-            response_time=first_token_s * 1000,
-            response_length=0,
-            exception=None,
-            context={},
-        )
+        self.stream("/v1/generate", body, lambda event: "token" in event, final="finish_reason")
+
+    @task(3)
+    def completion(self) -> None:
+        self.post("/v1/completions", self.completion_body(), "/v1/completions", valid=has_choices)
+
+    @task(3)
+    def completion_stream(self) -> None:
+        body = {**self.completion_body(), "stream": True}
+        self.stream("/v1/completions", body, lambda event: bool(event["choices"]), final="[DONE]")
+
+    @task(8)
+    def v2_infer(self) -> None:
+        """A task's inputs as Open Inference Protocol BYTES tensors, for one model served."""
+        if not self.models:
+            return
+        task_name, model = self.rng.choice(sorted(self.models.items()))
+        count = self.rng.randint(1, 4)
+        parameters: dict[str, Any] = {}
+        if task_name == "question-answering":
+            tensors = {
+                "QUESTION": [self.rng.choice(QUESTIONS) for _ in range(count)],
+                "CONTEXT": [context_of_some_length(self.rng) for _ in range(count)],
+            }
+        elif task_name == "fill-mask":
+            tensors = {"TEXT": [self.masked() for _ in range(count)]}
+        elif task_name == "text-generation":
+            tensors = {"PROMPT": [self.generation_body()["prompt"]]}
+            parameters = {"max_new_tokens": self.rng.choice([8, 16, 32])}
+        else:
+            tensors = {"TEXT": [text_of_some_length(self.rng) for _ in range(count)]}
+        inputs = [{"name": n, "shape": [len(d)], "datatype": "BYTES", "data": d} for n, d in tensors.items()]
+        body = {"inputs": inputs, **({"parameters": parameters} if parameters else {})}
+        name = f"/v2/models/[{task_name}]/infer"
+        self.post(f"/v2/models/{model}/infer", body, name, valid=lambda out: bool(out["outputs"]))
 
     @task(8)
     def bad_request(self) -> None:
@@ -221,6 +279,10 @@ def judge(valid: Callable[[Any], bool], r: ResponseContextManager) -> bool:
         return valid(r.json())
     except (ValueError, KeyError, TypeError):
         return False
+
+
+def has_choices(out: Any) -> bool:
+    return bool(out["choices"]) and "text" in out["choices"][0]
 
 
 def is_list(out: Any) -> bool:
