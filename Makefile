@@ -47,7 +47,7 @@ bench: $(INSTALLED)                      ## engine + service benchmarks, one run
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m benchmarks.engine_bench run --demo $(DEMO_DIR) --out docs/bench/engines.md
-	$(BIN)/python -m loadtests.http_bench run --repository $(MODEL_REPOSITORY) --demo $(DEMO_DIR) --out docs/bench
+	$(BIN)/python -m benchmarks.http_bench run --repository $(MODEL_REPOSITORY) --demo $(DEMO_DIR) --out docs/bench
 
 loadtest: $(INSTALLED)                   ## locust mixed traffic on HOST:PORT (serves MODEL_REPOSITORY if idle); report in loadtests/reports/
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models

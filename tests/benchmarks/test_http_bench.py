@@ -8,7 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.http_bench import BARE, LoadResult, bars, generation_load, generation_ratios, render, serve
+from benchmarks.http_bench import BARE, bars, generation_ratios, render
+from benchmarks.servers import serve
+from benchmarks.streams import generation_load
+from benchmarks.wrk_load import LoadResult
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.live_server import live_server
 
