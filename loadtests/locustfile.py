@@ -181,7 +181,7 @@ class ServiceUser(HttpUser):
     def completion_body(self) -> dict[str, Any]:
         """OpenAI's names for the same prompts and lengths as /v1/generate's."""
         body = self.generation_body()
-        completion = {"prompt": body["prompt"], "max_tokens": body["max_new_tokens"]}
+        completion = {"prompt": body["prompt"], "max_tokens": body["max_new_tokens"], "truncate_prompt": True}
         return completion | {k: body[k] for k in ("temperature", "top_p") if k in body}
 
     # -- tasks ----------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ class ServiceUser(HttpUser):
             tensors = {"TEXT": [self.masked() for _ in range(count)]}
         elif task_name == "text-generation":
             tensors = {"PROMPT": [self.generation_body()["prompt"]]}
-            parameters = {"max_new_tokens": self.rng.choice([8, 16, 32])}
+            parameters = {"max_new_tokens": self.rng.choice([8, 16, 32]), "truncate_prompt": True}
         else:
             tensors = {"TEXT": [text_of_some_length(self.rng) for _ in range(count)]}
         inputs = [{"name": n, "shape": [len(d)], "datatype": "BYTES", "data": d} for n, d in tensors.items()]
