@@ -6,6 +6,7 @@
 #                      A GPU host picks its own, e.g. TORCH="torch==2.13.0 --index-url <CUDA wheel index>"
 #   HOST, PORT, MODEL_REPOSITORY   where `make serve` listens and what it serves
 #   LOADTEST_TIME, LOADTEST_USERS, LOADTEST_SPAWN_RATE   `make loadtest`: run time, users, users started a second
+#   SOAK_MINUTES, SOAK_USERS   `make soak`: how long, and how many locust users (a steady load)
 
 PYTHON           ?= python3
 VENV             ?= .venv
@@ -18,6 +19,8 @@ DEMO_DIR         ?= build/demo
 LOADTEST_TIME       ?= 2m
 LOADTEST_USERS      ?= 32
 LOADTEST_SPAWN_RATE ?= 8
+SOAK_MINUTES        ?= 10
+SOAK_USERS          ?= 8
 
 BIN       := $(VENV)/bin
 # $(call export_demo,TASK,NAME,EVAL_FILE): the demo student of TASK into the repository as NAME, parity on EVAL_FILE
@@ -27,7 +30,7 @@ SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
 
-.PHONY: serve test models lint install bench deploy-tools loadtest
+.PHONY: serve test models lint install bench deploy-tools loadtest soak
 
 serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT (builds the demo if missing)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
@@ -53,6 +56,11 @@ loadtest: $(INSTALLED)                   ## locust mixed traffic on HOST:PORT (s
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
 	$(BIN)/python -m loadtests.run --host $(HOST) --port $(PORT) --model-repository $(MODEL_REPOSITORY) \
 		--time $(LOADTEST_TIME) --users $(LOADTEST_USERS) --spawn-rate $(LOADTEST_SPAWN_RATE)
+
+soak: $(INSTALLED)                       ## SOAK_MINUTES (10) of mixed traffic; RSS and fds of every service process: docs/bench/soak.*
+	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models
+	$(BIN)/python -m loadtests.soak run --minutes $(SOAK_MINUTES) --users $(SOAK_USERS) \
+		--repository $(MODEL_REPOSITORY) --out docs/bench
 
 lint: $(INSTALLED)                       ## ruff and mypy
 	$(BIN)/ruff check .

@@ -52,3 +52,10 @@ def per_request_ms(before: dict[str, float], after: dict[str, float], requests: 
     """Milliseconds of CPU per request, by thread name (names that spent nothing left out)."""
     spent = {name: after[name] - before.get(name, 0.0) for name in after}
     return {name: 1000 * s / max(1, requests) for name, s in sorted(spent.items()) if s > 0}
+
+
+def machine_busy_s(stat: Path = Path("/proc/stat")) -> float:
+    """CPU seconds all cores of the machine have been busy since boot (every state but idle and iowait):
+    set beside a server's own, it tells how much other work shared the machine during a measurement."""
+    fields = [int(x) for x in stat.read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS  # user..steal; guest is within user

@@ -155,7 +155,7 @@ def read_history(prefix: Path) -> dict[str, list[Sample]]:
 
 def plot_latency(history: dict[str, list[Sample]], path: Path) -> None:
     """All requests' p50/p95/p99 over time (top); each endpoint's p95 (bottom)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
     total = history.get(AGGREGATED, [])
     start = _start(history)
@@ -180,7 +180,7 @@ def plot_latency(history: dict[str, list[Sample]], path: Path) -> None:
 
 def plot_throughput(history: dict[str, list[Sample]], path: Path) -> None:
     """Requests/s and failures/s of all requests, and the user count (top); requests/s per endpoint."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
     total = history.get(AGGREGATED, [])
     start = _start(history)
@@ -205,7 +205,8 @@ def plot_throughput(history: dict[str, list[Sample]], path: Path) -> None:
     plt.close(fig)
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing into files (Agg): imported only when a chart is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")

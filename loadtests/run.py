@@ -12,8 +12,10 @@ bad request's 4xx being a success.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +30,13 @@ import httpx
 from loadtests.report import write_report
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def answers(base_url: str) -> bool:
@@ -53,26 +62,27 @@ def wait_ready(base_url: str, timeout_s: float, process: subprocess.Popen[bytes]
 
 
 @contextmanager
-def service(host: str, port: int, repository: Path, log: Path, ready_timeout_s: float) -> Iterator[str]:
-    """The service on host:port: the one already answering there, else one started (and stopped) here."""
-    base_url = f"http://{host}:{port}"
-    if answers(base_url):
-        print(f"using the service that answers on {base_url}")
-        wait_ready(base_url, ready_timeout_s)
-        yield base_url
-        return
+def launched(
+    host: str,
+    port: int,
+    repository: Path,
+    log: Path,
+    ready_timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m service` on host:port, started here once ready, drained and stopped when the block ends."""
     if not repository.is_dir():
-        raise SystemExit(
-            f"nothing answers on {base_url} and {repository} is no model repository (make models)"
-        )
+        raise SystemExit(f"{repository} is no model repository (make models): nothing to serve")
     command = [sys.executable, "-m", "service", "--host", host, "--port", str(port)]
     command += ["--model-repository", str(repository)]
     print(f"starting {shlex.join(command)} (log: {log})")
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         try:
-            wait_ready(base_url, ready_timeout_s, process)
-            yield base_url
+            wait_ready(f"http://{host}:{port}", ready_timeout_s, process)
+            yield process
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)  # drains: queued requests finish first
@@ -81,6 +91,39 @@ def service(host: str, port: int, repository: Path, log: Path, ready_timeout_s: 
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+@contextmanager
+def service(host: str, port: int, repository: Path, log: Path, ready_timeout_s: float) -> Iterator[str]:
+    """The service on host:port: the one already answering there, else one started (and stopped) here."""
+    base_url = f"http://{host}:{port}"
+    if answers(base_url):
+        print(f"using the service that answers on {base_url}")
+        wait_ready(base_url, ready_timeout_s)
+        yield base_url
+        return
+    with launched(host, port, repository, log, ready_timeout_s):
+        yield base_url
+
+
+def served_models(base_url: str) -> str:
+    """What the service serves, in one line (for a report's header)."""
+    models = httpx.get(f"{base_url}/v1/models", timeout=10)
+    served = ", ".join(
+        f"{m['name']} v{m['version']} ({m['variant']}, {m['provider']})"
+        for m in (models.json()["models"] if models.status_code == 200 else [])
+    )
+    return served or "unknown (GET /v1/models failed)"
+
+
+def locust_command(base_url: str, users: int, spawn_rate: float, run_time: str, out: Path) -> list[str]:
+    """Headless locust with the locustfile's mixed traffic; its CSVs (with history) and HTML page in `out`."""
+    prefix = out / "locust"
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", base_url, "--headless"]
+    command += ["--users", str(users), "--spawn-rate", str(spawn_rate), "--run-time", run_time]
+    command += ["--csv", str(prefix), "--csv-full-history", "--html", str(out / "locust.html")]
+    command += ["--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"]
+    return command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,15 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=False)
     prefix = out / "locust"
     with service(args.host, args.port, args.model_repository, out / "service.log", args.ready_timeout) as url:
-        models = httpx.get(f"{url}/v1/models", timeout=10)
-        served = ", ".join(
-            f"{m['name']} v{m['version']} ({m['variant']}, {m['provider']})"
-            for m in (models.json()["models"] if models.status_code == 200 else [])
-        )
-        locust = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", url, "--headless"]
-        locust += ["--users", str(args.users), "--spawn-rate", str(args.spawn_rate), "--run-time", args.time]
-        locust += ["--csv", str(prefix), "--csv-full-history", "--html", str(out / "locust.html")]
-        locust += ["--only-summary", "--stop-timeout", "30", "--loglevel", "WARNING"]
+        served = served_models(url)
+        locust = locust_command(url, args.users, args.spawn_rate, args.time, out)
         print(shlex.join(locust))
         subprocess.run(locust, check=False)  # exits 1 on any failure, 429s included: the report judges
     if not Path(f"{prefix}_stats.csv").exists():
@@ -117,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {
         "started": started.isoformat(timespec="seconds"),
         "target": url,
-        "models": served or "unknown (GET /v1/models failed)",
+        "models": served,
         "users": f"{args.users} (spawn rate {args.spawn_rate}/s), run time {args.time}",
         "locust": version("locust"),
     }
