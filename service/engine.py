@@ -120,7 +120,8 @@ class OrtEngine:
             # memory grows with the shapes met. Without them the arena holds what the largest batches need.
             # benchmarks/arena_bench.py (the four demo models, the core's threads, 2 x 3 min alternating,
             # shared 2-core CPU): RSS from 1 min to the end +18/+24 % vs +34/+34 % with the patterns, peak
-            # 854/835 vs 1072/1115 MiB, sequences/s 0.97x/1.05x.
+            # 854/835 vs 1072/1115 MiB, sequences/s 0.97x/1.05x. `make soak` (10 min): the engine core's RSS
+            # +1.0 % vs +3.5 % with the patterns (docs/benchmarks.md).
             options.enable_mem_pattern = False
         wanted = choose_providers(device)
         if CUDA in wanted:
