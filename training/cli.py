@@ -297,9 +297,10 @@ def import_command(
         f"[green]wrote {out}[/]: {report['architecture']}, {report['params']:,} parameters, "
         f"{report['layers']} layers, {report['attention_heads']} heads / "
         f"{report['key_value_heads']} KV heads; "
-        f"reloaded with max |logit diff| {check['max_abs_logit_diff_after_reload']:.1e}"
+        f"reloaded with max |logit diff| {check['max_abs_logit_diff_after_reload']:.1e}",
+        soft_wrap=True,  # one line each in a log, whatever the console's width
     )
-    console.print(f"probe: {check['probe']!r} -> {check['continuation']!r}")
+    console.print(f"probe: {check['probe']!r} -> {check['continuation']!r}", soft_wrap=True)
 
 
 def _parse_layer_map(value: str | None) -> tuple[int, ...] | None:
