@@ -176,7 +176,7 @@ class DecoderRunner:
             ids[row, : len(s.prompt)] = s.prompt
             mask[row, : len(s.prompt)] = 1
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        empty = np.zeros((len(seqs), layout.num_heads, 0, layout.head_dim), dtype=np.float32)
+        empty = np.zeros((len(seqs), layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
         outputs = self._run(ids, mask, positions, [(empty, empty)] * layout.num_layers)
         presents = self._presents(outputs)
         tokens = {}
@@ -189,7 +189,7 @@ class DecoderRunner:
     def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
         layout = self.layout
-        cache = self._cache or SlotCache(layout.num_layers, layout.num_heads, layout.head_dim)
+        cache = self._cache or SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
         if [s.id for s in seqs] == cache.ids:  # the same rows as last step (most steps)
             rows = list(seqs)
         else:
