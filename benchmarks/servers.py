@@ -13,13 +13,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from loadtests.run import free_port
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 180) -> None:
