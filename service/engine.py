@@ -2,6 +2,11 @@
 
 The provider actually running is read back from the session (`get_providers()`), never assumed:
 ONNX Runtime lists CUDA as available even without a GPU and silently falls back to CPU.
+
+On a GPU the engine binds its inputs and outputs (ONNX Runtime's IO binding): host arrays are copied to the
+device once by ONNX Runtime, outputs come back to the host once, and what a caller keeps on the device (the
+generation KV cache) stays there as OrtValues between calls. IO binding works with the CPU provider too, so
+tests force it on (`io_binding="on"`) to exercise the GPU's code path on a CPU.
 """
 
 from __future__ import annotations
@@ -10,8 +15,10 @@ import ctypes
 import logging
 import math
 import os
+import threading
+from collections.abc import Collection
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import onnxruntime as ort
@@ -40,6 +47,24 @@ class Engine(Protocol):
     def input_names(self) -> list[str]: ...
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+Feed: TypeAlias = "np.ndarray | ort.OrtValue"  # a host array, or a value already on the engine's device
+
+
+@runtime_checkable
+class DeviceEngine(Engine, Protocol):
+    """An engine that can leave tensors on its device between calls (the generation KV cache)."""
+
+    @property
+    def binds_io(self) -> bool: ...
+
+    def run_bound(self, feeds: dict[str, Feed], keep: Collection[str] = ()) -> dict[str, Feed]: ...
+
+    def to_device(self, array: np.ndarray) -> ort.OrtValue: ...
+
+
+IoBinding = Literal["auto", "on", "off"]
 
 
 def cgroup_cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
@@ -105,8 +130,10 @@ class OrtEngine:
         intra_op_threads: int = 0,
         inter_op_threads: int = 1,
         bounded_memory: bool = True,
+        io_binding: IoBinding = "auto",
     ) -> None:
-        """`bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost)."""
+        """`bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost).
+        `io_binding`: auto binds on CUDA only (on a CPU plain `run` is as fast: see `binds_io`)."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = intra_op_threads or available_cores()
@@ -136,7 +163,17 @@ class OrtEngine:
             log.warning("%s: falling back to CPU", message)
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._outputs = [o.name for o in self._session.get_outputs()]
-        log.info("loaded %s on %s (asked for %s)", model_path, self._provider, wanted)
+        on_cuda = self._provider == CUDA
+        self._binds_io = io_binding == "on" or (io_binding == "auto" and on_cuda)
+        self._device = ("cuda", 0) if on_cuda else ("cpu", 0)  # the session's device (type, id)
+        self._bindings = threading.local()  # one IOBinding per engine thread, reused call after call
+        log.info(
+            "loaded %s on %s (asked for %s), io binding %s",
+            model_path,
+            self._provider,
+            wanted,
+            "on" if self._binds_io else "off",
+        )
 
     @property
     def provider(self) -> str:
@@ -146,9 +183,58 @@ class OrtEngine:
     def input_names(self) -> list[str]:
         return list(self._inputs)
 
+    @property
+    def binds_io(self) -> bool:
+        """Whether calls bind inputs and outputs. On the 2-core CPU plain `run` was as fast or faster
+        (benchmarks/io_binding_bench.py, docs/benchmarks.md), so `auto` binds on CUDA only."""
+        return self._binds_io
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._binds_io:
+            return self.run_bound(feeds)  # host arrays in, host arrays out
         try:
             arrays = self._session.run(self._outputs, {k: feeds[k] for k in self._inputs})
         except Exception as e:  # ORT raises its own exception types
             raise EngineError(f"ONNX Runtime failed: {e}") from e
         return dict(zip(self._outputs, arrays, strict=True))
+
+    def run_bound(self, feeds: dict[str, Feed], keep: Collection[str] = ()) -> dict[str, Feed]:
+        """One call through IO binding. Host arrays are copied to the device by ONNX Runtime, OrtValues
+        (already there) are used as they are; outputs named in `keep` stay on the device as OrtValues (the
+        next call's inputs), the others come back as host arrays."""
+        binding = self._binding()
+        device, device_id = self._device
+        try:
+            for name in self._inputs:
+                value = feeds[name]
+                if isinstance(value, ort.OrtValue):
+                    binding.bind_ortvalue_input(name, value)
+                else:
+                    binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            for name in self._outputs:
+                if name in keep:
+                    binding.bind_output(name, device, device_id)
+                else:
+                    binding.bind_output(name, "cpu")  # ORT copies it to the host itself, once
+            self._session.run_with_iobinding(binding)
+            values = binding.get_outputs()
+        except Exception as e:  # ORT raises its own exception types
+            raise EngineError(f"ONNX Runtime failed: {e}") from e
+        finally:  # drop the references to this call's arrays and values
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+        return {
+            name: value if name in keep else value.numpy()
+            for name, value in zip(self._outputs, values, strict=True)
+        }
+
+    def to_device(self, array: np.ndarray) -> ort.OrtValue:
+        """A copy of `array` on the session's device, for `run_bound`."""
+        device, device_id = self._device
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, device_id)
+
+    def _binding(self) -> ort.IOBinding:
+        binding = getattr(self._bindings, "binding", None)
+        if binding is None:
+            binding = self._bindings.binding = self._session.io_binding()
+        return binding

@@ -95,6 +95,7 @@ def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) 
         require_gpu=settings.require_gpu,
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
+        io_binding=settings.io_binding,
     )
 
 

@@ -22,6 +22,12 @@ class Settings(BaseSettings):
         "auto", description="auto: CUDA when ONNX Runtime can use it, else CPU."
     )
     require_gpu: bool = Field(False, description="Fail start-up instead of falling back to CPU.")
+    io_binding: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Bind engine inputs and outputs on the device (ONNX Runtime IO binding) and keep a "
+        "generation KV cache there between decode steps. auto: on with CUDA, off on a CPU (where plain "
+        "runs are as fast); on: also on a CPU (tests the GPU's code path).",
+    )
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",

@@ -11,6 +11,10 @@ past + new it copied whole. A sequence that joins has its prefill written into t
 leaves has the last row moved into its place: a join or a leave copies one row, not the batch. Rebuilding
 the batch's cache at each join or leave was a third of the engine thread's time with staggered arrivals,
 and every step's copy of the whole cache (optimum's graph) half of a batch-16 decode step.
+
+On a GPU (an engine that binds its inputs and outputs) optimum's graph keeps the cache on the device
+instead: `DeviceCache` (device_cache.py) binds each step's presents as the next step's past, so a step
+copies no cache between host and device. distilserve's appending graph keeps the host cache there too.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from service.engine import Engine
+from service.engine import DeviceEngine, Engine
+from service.generation.device_cache import DeviceCache, HostTrips
 from service.generation.sampling import next_token
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
@@ -137,8 +143,12 @@ class DecoderRunner:
             (layout.present_key_name.format(layer=i), layout.present_value_name.format(layer=i))
             for i in range(layout.num_layers)
         ]
-        self._cache: SlotCache | None = None
+        self._cache: SlotCache | DeviceCache | None = None
         self._prefilled: dict[int, list[LayerCache]] = {}  # caches of sequences about to join the batch
+        # The cache stays on the device where the engine binds IO and the graph returns past + new.
+        self._device = cache_device(engine, layout)
+        self._keep = frozenset(name for pair in self._present_names for name in pair)
+        self.host_trips = HostTrips()  # the device cache's rebuilds through the host (joins, leaves)
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens: dict[int, int] = {}
@@ -156,14 +166,22 @@ class DecoderRunner:
         return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled)
 
     def _run(
-        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
-    ) -> dict:
-        feeds = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
+        self,
+        input_ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        past: list[tuple[Any, Any]],
+        on_device: bool = False,
+    ) -> dict[str, Any]:
+        """Past as host arrays, or `on_device` as a device cache's OrtValues: the presents stay there."""
+        feeds: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
         for (key_name, value_name), (keys, values) in zip(self._past_names, past, strict=True):
             feeds[key_name], feeds[value_name] = keys, values
+        if on_device and self._device is not None:
+            return self._device.run_bound(feeds, keep=self._keep)
         return self.engine.run(feeds)
 
-    def _presents(self, outputs: dict) -> list[LayerCache]:
+    def _presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
     def _prefill(self, seqs: Seq[Sequence]) -> dict[int, int]:
@@ -188,8 +206,7 @@ class DecoderRunner:
 
     def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
-        layout = self.layout
-        cache = self._cache or SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
+        cache = self._cache or self._new_cache()
         if [s.id for s in seqs] == cache.ids:  # the same rows as last step (most steps)
             rows = list(seqs)
         else:
@@ -206,9 +223,23 @@ class DecoderRunner:
         self._cache = cache
         past, mask, positions = cache.feeds()
         ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
-        outputs = self._run(ids, mask, positions, past)
+        outputs = self._run(ids, mask, positions, past, on_device=isinstance(cache, DeviceCache))
         cache.append(self._presents(outputs))
         return dict(zip(cache.ids, _next_tokens(outputs["logits"][:, -1], rows), strict=True))
+
+    def _new_cache(self) -> SlotCache | DeviceCache:
+        layout = self.layout
+        if self._device is not None:
+            return DeviceCache(self._device, layout.num_key_value_heads, layout.head_dim, self.host_trips)
+        return SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
+
+
+def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:
+    """The engine whose device keeps the KV cache between decode steps, if any: one that binds IO (on
+    CUDA, or forced) running a graph whose presents are past + new, the next step's past as they are."""
+    if isinstance(engine, DeviceEngine) and engine.binds_io and layout.present_positions == "all":
+        return engine
+    return None
 
 
 # Spare columns the cache keeps past its longest row (widened when full, narrowed past twice this): each

@@ -1,0 +1,136 @@
+"""The KV cache kept on the engine's device between decode steps (IO binding forced on, so the GPU's code
+path runs on the CPU provider), on optimum's graphs (present = past + new) of a GPT-2 and of a Llama with
+grouped-query attention: greedy output equals the host cache's and PyTorch's, alone and with sequences
+joining and leaving mid-way; the cache goes through the host only in steps where the rows change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.engine import IoBinding, OrtEngine
+from service.generation.device_cache import DeviceCache
+from service.generation.runner import DecoderRunner, cache_device
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import StepPlan
+from service.generation.sequence import Sequence
+from service.repository import read_version
+from tests.conftest import TASK_MODEL_NAMES
+
+PROMPTS = [
+    "Acme",
+    "I loved this film, it was",
+    "Who founded Acme? When was it founded?",
+    "A dull",
+    "Springfield is a city",
+    "The film was wonderful and the music",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_optimum_repository(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny grouped-query Llama exported as optimum's decoder (present = past + new)."""
+    import export.tasks
+    from export.pipeline import export_model
+
+    repository = tmp_path_factory.mktemp("llama-optimum")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(export.tasks, "appends", lambda config: False)
+        result = export_model(
+            tiny_llama_dir, "text-generation", "llama", repository, ("fp32",), require_eval_data=False
+        )
+    assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
+    return result.version_dir
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def model(
+    request: pytest.FixtureRequest, tiny_models: dict[str, Path], tiny_llama_dir: Path
+) -> Iterator[Any]:
+    """(version directory, HF directory) of an optimum decoder graph."""
+    if request.param == "gpt2":
+        repository = request.getfixturevalue("optimum_lm_repository")
+        yield repository / TASK_MODEL_NAMES["text-generation"] / "1", tiny_models["text-generation"]
+    else:
+        yield request.getfixturevalue("llama_optimum_repository"), tiny_llama_dir
+
+
+def runner(version_dir: Path, io_binding: IoBinding) -> DecoderRunner:
+    version = read_version(version_dir)
+    layout = version.manifest.generation
+    assert layout is not None and layout.present_positions == "all"
+    return DecoderRunner(OrtEngine(version.file("model.onnx"), device="cpu", io_binding=io_binding), layout)
+
+
+def prompt_ids(hf_dir: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    return [tokenizer(text)["input_ids"] for text in PROMPTS * 2]
+
+
+def churn(runner: DecoderRunner, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], int]:
+    """A sequence joins every other step and each leaves at its own length. Returns every output and the
+    number of decode steps whose rows differed from the last decode's (the device cache's host trips)."""
+    waiting = [Sequence(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, lengths, strict=True)]
+    everyone, running, step, changes, last = list(waiting), list[Sequence](), 0, 0, set[int]()
+    while waiting or running:
+        joining = [waiting.pop(0)] if waiting and step % 2 == 0 else []
+        tokens = runner.execute(StepPlan(prefill=joining, decode=running)).tokens
+        rows = {s.id for s in running}
+        changes += bool(running) and rows != last
+        last = rows
+        for seq in [*joining, *running]:
+            seq.output.append(tokens[seq.id])
+        running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
+        step += 1
+    return [s.output for s in everyone], changes
+
+
+def until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+def test_binding_forced_on_keeps_the_cache_on_the_device_and_auto_does_not_on_a_cpu(model: Any) -> None:
+    version_dir, _ = model
+    assert isinstance(runner(version_dir, "on")._new_cache(), DeviceCache)
+    for setting in ("auto", "off"):
+        assert cache_device(runner(version_dir, setting).engine, runner(version_dir, setting).layout) is None
+
+
+def test_greedy_on_the_device_equals_the_host_cache_and_pytorch_with_joins_and_leaves(model: Any) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from export.greedy import greedy_torch
+
+    version_dir, hf_dir = model
+    prompts = prompt_ids(hf_dir)
+    lengths = [5 + (7 * i) % 11 for i in range(len(prompts))]  # 5..15 new tokens, all different neighbours
+    on_device = runner(version_dir, "on")
+    together, changes = churn(on_device, prompts, lengths)
+    assert together == churn(runner(version_dir, "off"), prompts, lengths)[0]
+    assert on_device.host_trips.rebuilds == changes and changes < sum(lengths) / 2
+    alone = [churn(on_device, [p], [n])[0][0] for p, n in zip(prompts, lengths, strict=True)]
+    assert alone == together
+    torch_model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    eos = on_device.layout.eos_token_id
+    expected = [greedy_torch(torch_model, p, n, eos) for p, n in zip(prompts, lengths, strict=True)]
+    assert [until_eos(out, eos) for out in together] == expected
+
+
+def test_the_appending_graph_keeps_its_host_cache_with_binding_on(tiny_repository: Path) -> None:
+    """distilserve's appending graph returns only the new position: binding on binds its inputs and
+    outputs, the cache stays the host's, and its output is the same as without binding."""
+    version = read_version(tiny_repository / TASK_MODEL_NAMES["text-generation"] / "1")
+    layout = version.manifest.generation
+    assert layout is not None and layout.present_positions == "new"
+    runners = [
+        DecoderRunner(OrtEngine(version.file("model.onnx"), device="cpu", io_binding=b), layout)
+        for b in ("on", "off")
+    ]
+    assert cache_device(runners[0].engine, layout) is None
+    prompts, lengths = [[5, 6, 7], [8, 9], [10, 11, 12, 13]] * 2, [4, 9, 6, 3, 7, 5]
+    assert churn(runners[0], prompts, lengths)[0] == churn(runners[1], prompts, lengths)[0]
