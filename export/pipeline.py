@@ -15,6 +15,7 @@ from typing import Any
 import onnxruntime as ort
 
 from common.provenance import git_revision, sha256_of
+from export.chat import chat_spec
 from export.greedy import greedy_match
 from export.onnx_export import describe_graph, export_onnx
 from export.parity import BOUNDS, Feeds, Outputs, ParityReport, compare
@@ -338,6 +339,7 @@ def _manifest_builder(
         bos=tokenizer.bos_token_id,
         eos=tokenizer.eos_token_id,
     )
+    chat = chat_spec(tokenizer) if spec.task == "text-generation" else None  # None: completions only
     id2label = getattr(model.config, "id2label", None) or {}
     labels = {int(k): str(v) for k, v in id2label.items()} if spec.task == "text-classification" else {}
     tokenizer_spec = TokenizerSpec(
@@ -363,6 +365,7 @@ def _manifest_builder(
             tokenizer=tokenizer_spec,
             special_tokens=special,
             generation=layout,
+            chat=chat,
             distillation=distillation_record(model_dir),
             opset=opset_used,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),

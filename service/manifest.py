@@ -4,6 +4,10 @@ Export writes it, the service reads it; this module imports nothing heavy so bot
 A version directory looks like:
 
     models/<name>/<version>/manifest.json, model.onnx [, model.int8.onnx, model.fp16.onnx], tokenizer.json
+
+A text-generation manifest may carry the model's chat template (`chat`, see ChatTemplateSpec); without one the
+model serves completions only. `python -m export.chat HF_DIR VERSION_DIR` adds it to a version exported
+before the field existed.
 """
 
 from __future__ import annotations
@@ -110,6 +114,21 @@ class GenerationLayout(_Strict):
         return self
 
 
+class ChatTemplateSpec(_Strict):
+    """The model's chat template (HF's Jinja source, as `tokenizer.chat_template` holds it) and the special
+    tokens it refers to by name, so that the service renders messages as `apply_chat_template` does.
+
+    Kept in the manifest (a few KB of text) rather than in a file beside tokenizer.json: the manifest is the
+    only file the service trusts, and the template is part of what the model expects. Generation ends at
+    `generation.eos_token_id`; export takes both it and `eos_token` from the tokenizer's eos token, which
+    for chat models is the end-of-turn token the template closes each message with (SmolLM2: `<|im_end|>`).
+    """
+
+    template: str = Field(min_length=1)
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+
 class ModelScore(_Strict):
     source: str
     params: int = Field(gt=0)
@@ -145,6 +164,7 @@ class Manifest(_Strict):
     tokenizer: TokenizerSpec
     special_tokens: SpecialTokens = SpecialTokens()
     generation: GenerationLayout | None = None
+    chat: ChatTemplateSpec | None = None  # text-generation only; absent: no /v1/chat/completions
     distillation: DistillationRecord | None = None
     opset: int | None = None
     created_at: str | None = None
@@ -159,6 +179,8 @@ class Manifest(_Strict):
             raise ValueError("fill-mask needs special_tokens.mask")
         if self.task == "text-generation" and self.generation is None:
             raise ValueError("text-generation needs 'generation' (the KV-cache layout)")
+        if self.chat is not None and self.task != "text-generation":
+            raise ValueError("only text-generation models have a chat template")
         if "fp32" not in self.variants:
             raise ValueError(
                 "every model needs the 'fp32' variant (the reference the others are checked against)"
