@@ -98,7 +98,11 @@ class DeviceCache:
         for layer in range(len(rows[0]) if rows else 0):
             pair = []
             for tensor in (0, 1):
-                array = np.zeros((len(rows), self._shape[0], width, self._shape[1]), dtype=np.float32)
+                shape, dtype = (
+                    (len(rows), self._shape[0], width, self._shape[1]),
+                    rows[0][layer][tensor].dtype,
+                )
+                array = np.zeros(shape, dtype=dtype)
                 for r, row in enumerate(rows):
                     array[r, :, width - lengths[r] :] = row[layer][tensor]
                 self._trips.bytes += array.nbytes
