@@ -23,6 +23,7 @@ from service.repository import ModelVersion, OfVersion
 from service.runtime import EngineModel, EnginePlan
 from service.settings import Settings
 from service.stats import ModelStats
+from service.tasks.chat_template import ChatTemplate, compile_chat_template
 from service.tokenization import EncodedText, TextEncoder
 
 Outputs = dict[str, np.ndarray]
@@ -45,6 +46,13 @@ class ServedModel(OfVersion):
     encoding: EncoderHandle | None = None  # encoder tasks
     generator: TokenStreams | None = None  # text generation
     stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics, this frontend's share
+    # the chat template, compiled once here (None, and why not, for a model that cannot chat)
+    chat: ChatTemplate | None = field(init=False, default=None)
+    no_chat_reason: str | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.manifest.task == "text-generation":
+            self.chat, self.no_chat_reason = compile_chat_template(self.manifest.chat)
 
     @property
     def variant(self) -> str:

@@ -86,9 +86,10 @@ class TextEncoder:
             return [self._convert(self._tokenizer.encode(*pairs[0]))]
         return [self._convert(e) for e in self._tokenizer.encode_batch(list(pairs))]
 
-    def encode_untruncated(self, text: str) -> EncodedText:
-        """Every token of the text (a prompt may be cut from the left, which truncation cannot do)."""
-        return self._convert(self._untruncated().encode(text))
+    def encode_untruncated(self, text: str, add_special_tokens: bool = True) -> EncodedText:
+        """Every token of the text (a prompt may be cut from the left, which truncation cannot do).
+        `add_special_tokens=False` for text that already holds them (a rendered chat template)."""
+        return self._convert(self._untruncated().encode(text, add_special_tokens=add_special_tokens))
 
     def context_room(self, question: str) -> int:
         """Tokens left for the context beside this question and the special tokens (may be <= 0)."""

@@ -65,7 +65,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-OPENAI_PATHS = ("/v1/completions", "/v1/models/")
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models/")
 
 
 def error_response(

@@ -1,0 +1,198 @@
+"""What the generation endpoints share (/v1/generate, OpenAI's completions and chat completions, v2): the
+sampling fields, fitting a prompt to the window and the cache budget, the engine calls, Server-Sent Events.
+
+The engine runs its own scheduler (continuous batching); the endpoints tokenize, fit the prompt, and shape
+the events the engine's token groups become. The engine's text events never end mid-character (its
+detokenizer holds back a character's first bytes until the token completing it arrives), so every endpoint
+streams whole characters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, Field
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from service.exchange import Exchange
+from service.generation.engine import TokenStreams
+from service.generation.sampling import SamplingParams
+from service.generation.sequence import Sequence, TokenEvent
+from service.tasks.common import check_chars, tokenizing
+from service.tasks.contract import InvalidInputError
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+log = logging.getLogger(__name__)
+NAME = "text-generation"
+
+
+# -- requests ---------------------------------------------------------------------------------------------
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    """The error formatter already names the field: the messages must not repeat "stop:"."""
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+        raise ValueError("expected a non-empty string or a list of non-empty strings")
+    if len(stops) > 8:
+        raise ValueError("at most 8 stop sequences")
+    return tuple(stops)
+
+
+Stops = Annotated[tuple[str, ...], BeforeValidator(_stops)]
+
+
+class SamplingFields(BaseModel):
+    """Decoding knobs shared by /v1/generate and /v1/completions."""
+
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 (or below 1e-5): greedy.")
+    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely tokens; 0: all.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (HF).")
+    seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
+    stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
+    truncate_prompt: bool = Field(
+        False, description="Keep the prompt's end when it exceeds the window (or the server's cache budget)."
+    )
+    ignore_eos: bool = Field(
+        False,
+        description="Go on past the end-of-sequence token up to the token limit (as vLLM's, for benchmarks).",
+    )
+
+    def sampling(self, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+# -- the engine -------------------------------------------------------------------------------------------
+
+
+class Completion(TypedDict):
+    generated_text: str
+    tokens: int
+    prompt_tokens: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    engine: TokenStreams
+    prompt: list[int]
+    params: SamplingParams
+
+
+def prepare(
+    model: ServedModel,
+    prompt: str,
+    params: SamplingParams,
+    truncate_prompt: bool,
+    metrics: Metrics,
+    x: Exchange,
+    rendered: bool = False,
+) -> Prepared:
+    """Tokenize; keep the prompt inside the window and the engine's cache budget (422, or its last tokens
+    when asked); cap the output to the room both leave, so the engine's admission never refuses it.
+
+    `rendered`: the prompt is a chat template's output, which holds its special tokens already (the
+    tokenizer must not add a BOS again, as `apply_chat_template` does not)."""
+    if model.generator is None:
+        raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
+    check_chars([prompt], x, "rendered chat prompt" if rendered else "prompt")
+    with tokenizing(metrics, model, x):
+        encoded = model.encoder.encode_untruncated(prompt, add_special_tokens=not rendered)
+        ids = [int(t) for t in encoded.input_ids]
+    if not ids:
+        raise InvalidInputError("the prompt encodes to no tokens")
+    window, budget = model.manifest.max_sequence_length, model.generator.max_cached_tokens
+    ids = _fit_prompt(ids, window, budget, truncate_prompt)
+    room = min(window, budget) - len(ids)
+    if params.max_new_tokens > room:
+        params = SamplingParams(**{**params.__dict__, "max_new_tokens": room})
+    return Prepared(model.generator, ids, params)
+
+
+def _fit_prompt(ids: list[int], window: int, budget: int, truncate: bool) -> list[int]:
+    """The prompt, or its end, leaving room for at least one new token in the window and in the budget
+    (the cached positions one request may reserve: prompt + max_new_tokens)."""
+    limit = min(window, budget)
+    if len(ids) < limit:
+        return ids
+    if truncate and limit > 1:
+        return ids[-(limit - 1) :]
+    if len(ids) >= window:
+        raise InvalidInputError(
+            f"the prompt is {len(ids)} tokens; the model's window is {window} tokens "
+            "(shorten it, or set truncate_prompt to keep its end)"
+        )
+    raise InvalidInputError(
+        f"the prompt is {len(ids)} tokens; this server caches at most {budget} tokens for a request, prompt "
+        "and new tokens together (DISTILSERVE_GEN_MAX_CACHED_TOKENS raises it; or shorten the prompt, or "
+        "set truncate_prompt to keep its end)"
+    )
+
+
+async def complete(prepared: Prepared) -> Completion:
+    seq, text = await prepared.engine.generate(prepared.prompt, prepared.params)
+    return Completion(
+        generated_text=text,
+        tokens=seq.streamed,
+        prompt_tokens=len(seq.prompt),
+        finish_reason=seq.finish_reason or "length",
+    )
+
+
+async def open_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
+    """Queue the request and wait for its first tokens, so that a refusal (429, 503) is still a status code
+    before any byte is sent; then its events, in the groups the engine's stream interval hands them out in
+    (one write each)."""
+    seq = prepared.engine.submit(prepared.prompt, prepared.params)
+    groups = prepared.engine.stream_groups(seq)
+    try:
+        first = await anext(groups)
+    except BaseException:
+        await groups.aclose()
+        raise
+    return seq, _prepend(first, groups)
+
+
+async def _prepend(
+    first: list[TokenEvent], rest: AsyncGenerator[list[TokenEvent], None]
+) -> AsyncIterator[list[TokenEvent]]:
+    try:
+        yield first
+        async for group in rest:
+            yield group
+    finally:
+        await rest.aclose()
+
+
+# -- Server-Sent Events -----------------------------------------------------------------------------------
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def stream_failed(x: Exchange, error: Exception) -> None:
+    """A stream that fails after its first event: its 200 is sent, so the exchange carries the error, which
+    the request metrics count as a 500 and the access line shows (service.api.access)."""
+    x.stream_error = str(error) or type(error).__name__
+    log.error("a stream failed after it started: %s", error)

@@ -1,0 +1,331 @@
+"""OpenAI's generation endpoints: `POST /v1/completions` and `POST /v1/chat/completions`.
+
+Both are one path: a prompt (given, or rendered from chat messages with the model's chat template,
+service.tasks.chat_template) goes through the generation endpoints' shared preparation and engine calls
+(service.tasks.generation_base); only the answer's shape differs (`text_completion` with `text`,
+`chat.completion` with `message`, and their stream chunks). Errors are in OpenAI's shape (the route's
+`errors="openai"`), so the official client's `completions.create` and `chat.completions.create` work, whole
+and streamed, `usage` included.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from service.exchange import Exchange
+from service.generation.sequence import Sequence, TokenEvent
+from service.tasks.chat_template import ChatTemplateError
+from service.tasks.contract import Collaborators, EventStream, InvalidInputError
+from service.tasks.generation_base import (
+    NAME,
+    Completion,
+    Prepared,
+    SamplingFields,
+    complete,
+    open_stream,
+    prepare,
+    sse,
+    stream_failed,
+)
+
+OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+# -- requests ---------------------------------------------------------------------------------------------
+
+
+class OpenAIRequest(SamplingFields):
+    """What OpenAI's completions and chat completions requests share (the fields this server implements).
+
+    Strict as OpenAI's API is: booleans must be JSON booleans, numbers JSON numbers ("0.5" or true as a
+    temperature or a seed is an error, not a value). Unknown fields are ignored (`user`, `metadata`, ...);
+    OpenAI's knobs this server does not implement are refused when set, never silently ignored.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0.0, le=5.0)
+    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported: null or empty.")
+    presence_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
+    frequency_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
+
+    def unsupported(self) -> list[tuple[str, bool]]:
+        """(field, whether it is set to something this server cannot do); subclasses add theirs."""
+        return [
+            ("logit_bias", bool(self.logit_bias)),
+            ("presence_penalty", self.presence_penalty != 0),
+            ("frequency_penalty", self.frequency_penalty != 0),
+        ]
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> OpenAIRequest:
+        names = [name for name, is_set in self.unsupported() if is_set]
+        if names:
+            raise ValueError(f"not supported by this server: {', '.join(names)}")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+def _completion_prompt(value: Any) -> str | list[str]:
+    """One clear message per wrong shape before the union is tried (its per-branch errors are noise);
+    OpenAI also takes token ids, which this server does not."""
+    if isinstance(value, list):
+        if any(isinstance(x, list) or (isinstance(x, int) and not isinstance(x, bool)) for x in value):
+            raise ValueError("token-id prompts are not supported; send the prompt as text")
+        if len(value) != 1:
+            raise ValueError("give one string (batches of prompts are not supported)")
+        text = value[0]
+    else:
+        text = value
+    if not isinstance(text, str):
+        raise ValueError(f"expected a string (or a list holding one string), got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError("the text is empty")
+    return value
+
+
+CompletionPrompt = Annotated[str | list[str], BeforeValidator(_completion_prompt)]
+
+
+class CompletionRequest(OpenAIRequest):
+    """OpenAI's /v1/completions request."""
+
+    prompt: CompletionPrompt = Field(..., description="A string (or a list holding one string).")
+    max_tokens: int = Field(16, ge=1, le=4096)
+    echo: bool = Field(False, description="Not supported: must be false.")
+    logprobs: int | None = Field(None, description="Not supported: must be null.")
+    best_of: int | None = Field(None, description="Not supported: null or 1.")
+    suffix: str | None = Field(None, description="Not supported: must be null.")
+
+    def unsupported(self) -> list[tuple[str, bool]]:
+        mine = [
+            ("echo", self.echo),
+            ("logprobs", self.logprobs is not None),
+            ("best_of", self.best_of not in (None, 1)),
+            ("suffix", self.suffix is not None),
+        ]
+        return mine + super().unsupported()
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def _message_content(value: Any) -> Any:
+    """OpenAI's content parts (`[{"type": "text", "text": ...}]`) joined into the one string a chat
+    template reads, as vLLM joins them for text-only models; any other part is refused by name."""
+    if not isinstance(value, list):
+        return value  # a string passes; anything else gets pydantic's "Input should be a valid string"
+    if not value:
+        raise ValueError("the list of content parts is empty")
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise ValueError(f"part {i} is {kind!r}: only text parts are supported")
+        if set(part) - {"type", "text"} or not isinstance(part.get("text"), str):
+            raise ValueError(f'part {i}: a text part is {{"type": "text", "text": "..."}}')
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation; tool calls and non-text content are not supported."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Annotated[str, BeforeValidator(_message_content)] = Field(
+        ..., description='A string, or a list of {"type": "text", "text": ...} parts.'
+    )
+    name: str | None = None
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """OpenAI's /v1/chat/completions request."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=4096, description="Deprecated by OpenAI for the next.")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=4096, description="Most tokens to generate; default: as many as the window leaves."
+    )
+    logprobs: bool | None = Field(None, description="Not supported: null or false.")
+    top_logprobs: int | None = Field(None, description="Not supported: must be null.")
+    tools: list[Any] | None = Field(None, description="Not supported: null or empty.")
+    tool_choice: Any = Field(None, description="Not supported: null or 'none'.")
+    functions: list[Any] | None = Field(None, description="Not supported: must be null.")
+    function_call: Any = Field(None, description="Not supported: must be null.")
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
+
+    def unsupported(self) -> list[tuple[str, bool]]:
+        mine = [
+            ("logprobs", bool(self.logprobs)),
+            ("top_logprobs", self.top_logprobs is not None),
+            ("tools", bool(self.tools)),
+            ("tool_choice", self.tool_choice not in (None, "none")),
+            ("functions", self.functions is not None),
+            ("function_call", self.function_call is not None),
+            ("response_format", (self.response_format or {"type": "text"}).get("type") != "text"),
+        ]
+        return mine + super().unsupported()
+
+    def token_limit(self, window: int) -> int:
+        """max_completion_tokens, else max_tokens, else the window (prepare cuts it to the room left)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens if self.max_tokens is not None else window
+
+
+# -- one answering path, two shapes -----------------------------------------------------------------------
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _finish(reason: str | None) -> str | None:
+    return OPENAI_FINISH[reason] if reason else None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one endpoint writes its answer: the objects' names, the whole answer's choice, and the choices
+    each streamed token event becomes (`opening`: the choices sent before the first token)."""
+
+    id_prefix: str
+    whole: str
+    chunk: str
+    choice: Callable[[str, str], dict[str, Any]]  # (text, OpenAI finish reason) -> the whole answer's choice
+    chunk_choices: Callable[[TokenEvent], list[dict[str, Any]]]
+    opening: tuple[dict[str, Any], ...] = ()
+
+
+def _completion_chunk(event: TokenEvent) -> list[dict[str, Any]]:
+    """One chunk per token event, its finish reason on the last (as before the chat endpoint existed)."""
+    return [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": _finish(event.finish_reason)}]
+
+
+def _chat_chunks(event: TokenEvent) -> list[dict[str, Any]]:
+    """A content delta when the token completes text; the finish reason in a last chunk of its own with
+    an empty delta, as OpenAI sends it."""
+    chunks = []
+    if event.text:
+        chunks.append({"index": 0, "delta": {"content": event.text}, "logprobs": None, "finish_reason": None})
+    if event.finish_reason is not None:
+        chunks.append(
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish(event.finish_reason)}
+        )
+    return chunks
+
+
+COMPLETION = Shape(
+    "cmpl",
+    "text_completion",
+    "text_completion",
+    lambda text, finish: {"index": 0, "text": text, "logprobs": None, "finish_reason": finish},
+    _completion_chunk,
+)
+CHAT = Shape(
+    "chatcmpl",
+    "chat.completion",
+    "chat.completion.chunk",
+    lambda text, finish: {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish,
+    },
+    _chat_chunks,
+    opening=(
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+    ),
+)
+
+
+class Answer:
+    """One request's answer: its shape and envelope (id, created, model)."""
+
+    def __init__(self, shape: Shape, model: str) -> None:
+        self.shape = shape
+        self.model = model
+        self.id = f"{shape.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    async def respond(self, prepared: Prepared, stream: bool, include_usage: bool, x: Exchange) -> Any:
+        """The whole answer, or its events once the engine has the first tokens (so a refusal, 429 or 503,
+        is still a status code before any byte is sent)."""
+        if stream:
+            seq, groups = await open_stream(prepared)
+            return EventStream(self._events(seq, groups, include_usage, x))
+        result: Completion = await complete(prepared)
+        choice = self.shape.choice(result["generated_text"], OPENAI_FINISH[result["finish_reason"]])
+        return self.envelope(self.shape.whole, [choice]) | {
+            "usage": _usage(result["prompt_tokens"], result["tokens"])
+        }
+
+    async def _events(
+        self, seq: Sequence, groups: AsyncIterator[list[TokenEvent]], include_usage: bool, x: Exchange
+    ) -> AsyncIterator[bytes]:
+        kind = self.shape.chunk
+        try:
+            opening = b"".join(sse(self.envelope(kind, [choice])) for choice in self.shape.opening)
+            async for group in groups:
+                chunks = [sse(self.envelope(kind, [c])) for e in group for c in self.shape.chunk_choices(e)]
+                yield opening + b"".join(chunks)
+                opening = b""
+            if include_usage:
+                yield sse(self.envelope(kind, []) | {"usage": _usage(len(seq.prompt), seq.streamed)})
+        except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
+            stream_failed(x, e)
+            yield sse({"error": {"message": str(e), "type": "server_error"}})
+        yield sse("[DONE]")
+
+
+# -- the handlers -----------------------------------------------------------------------------------------
+
+
+async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborators) -> Any:
+    model = c.resolve(NAME, body.model, None, x)
+    prepared = prepare(model, body.text, body.sampling(body.max_tokens), body.truncate_prompt, c.metrics, x)
+    return await Answer(COMPLETION, model.name).respond(prepared, body.stream, body.include_usage, x)
+
+
+async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: Collaborators) -> Any:
+    model = c.resolve(NAME, body.model, None, x)
+    if model.chat is None:
+        raise InvalidInputError(
+            f"model {model.name!r} cannot chat: {model.no_chat_reason}; use /v1/completions with a prompt"
+        )
+    try:
+        prompt = model.chat.render([m.model_dump(exclude_none=True) for m in body.messages])
+    except ChatTemplateError as e:
+        raise InvalidInputError(f"the model's chat template refused the messages: {e}") from None
+    params = body.sampling(body.token_limit(model.manifest.max_sequence_length))
+    prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
+    return await Answer(CHAT, model.name).respond(prepared, body.stream, body.include_usage, x)
