@@ -118,44 +118,54 @@ def decoder(
     prompts = [rng.integers(5, 100, size=int(rng.integers(4, 32))).tolist() for _ in range(sequences)]
     lengths = [new_tokens // 2 + int(rng.integers(0, new_tokens // 2 + 1)) for _ in range(sequences)]
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    outputs: dict[str, list[list[int]]] = {}
     trips: dict[str, Any] = {}
     for _ in range(rounds):
         for binding, engine in engines.items():
             runner = DecoderRunner(engine, layout)
             started = time.perf_counter()
-            tokens, steps = _continuous(runner, prompts, lengths, streams)
-            rates[binding].append(tokens / (time.perf_counter() - started))
+            outputs[binding], steps, placed = _continuous(runner, prompts, lengths, streams)
+            rates[binding].append(sum(map(len, outputs[binding])) / (time.perf_counter() - started))
             if binding == "on":
                 trips = {
-                    "cache": "device" if cache_device(engine, layout) else "host",
+                    "cache": f"device ({placed})" if cache_device(engine, layout) else "host",
                     "steps": steps,
                     "host_trips": runner.host_trips.rebuilds,
                     "host_trip_mb": runner.host_trips.bytes / 2**20,
                 }
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    same = outputs["on"] == outputs["off"]  # greedy: the cache's place must not change a token
     row = {"streams": streams, "off_tokens_s": off, "on_tokens_s": on, "on_over_off": on / off, **trips}
+    row["same_tokens"] = same
     title = f"decoder {version_dir} ({layout.present_positions} presents) on {engines['on'].provider}"
     _report([row], title, list(row), out)
+    if not same:
+        raise SystemExit("binding on and off generated different tokens")
 
 
-def _continuous(runner: Any, prompts: list[list[int]], lengths: list[int], streams: int) -> tuple[int, int]:
-    """Greedy continuous batching as the scheduler does it; returns tokens generated and steps run."""
+def _continuous(
+    runner: Any, prompts: list[list[int]], lengths: list[int], streams: int
+) -> tuple[list[list[int]], int, str]:
+    """Greedy continuous batching as the scheduler does it: every output, the steps run, and where a
+    device cache's tensors were (ONNX Runtime's device name of its past, read once)."""
+    from service.generation.device_cache import DeviceCache
     from service.generation.sampling import SamplingParams
     from service.generation.scheduler import StepPlan
     from service.generation.sequence import Sequence
 
     waiting = [Sequence(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, lengths, strict=True)]
     running: list[Sequence] = []
-    tokens = steps = 0
+    everyone, steps, placed = list(waiting), 0, ""
     while waiting or running:
         joining = [waiting.pop(0)] if waiting and len(running) < streams and steps % 2 == 0 else []
         produced = runner.execute(StepPlan(prefill=joining, decode=running)).tokens
         for seq in [*joining, *running]:
             seq.output.append(produced[seq.id])
-        tokens += len(produced)
+        if not placed and isinstance(runner._cache, DeviceCache):
+            placed = runner._cache.device_name
         running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
         steps += 1
-    return tokens, steps
+    return [s.output for s in everyone], steps, placed
 
 
 @app.command()

@@ -62,6 +62,11 @@ class DeviceCache:
         mask = np.arange(self._width + 1) >= self._width - self._lengths[:, None]
         return self._past, mask.astype(np.int64), self._lengths[:, None].copy()
 
+    @property
+    def device_name(self) -> str:
+        """Where the past lives, as ONNX Runtime names it ("cuda", "cpu"); empty before the first step."""
+        return str(self._past[0][0].device_name()) if self._past else ""
+
     def join(self, seq_id: int, cache: list[HostLayer]) -> None:
         """A prefilled sequence joins: its cache [heads, length, head_dim] per tensor, on the host."""
         self._rows()[seq_id] = cache
