@@ -10,7 +10,8 @@
 batching of `--streams` sequences whose arrivals and lengths are staggered, with the host KV cache (binding
 off) and with binding on: for optimum's graph (present = past + new) that keeps the cache on the device
 between decode steps; with distilserve's appending graph it only binds the inputs and outputs. It also
-reports the device cache's trips through the host (a rebuild in every step whose rows changed).
+reports the device cache's rebuilds (on the device, in every step whose rows changed) and the joining rows'
+bytes they uploaded, and checks that both ways generate the same tokens.
 `export`: writes a decoder HF directory as optimum's graph (needs the exporter's dependencies; run it on the
 CPU host and carry the repository to a GPU machine).
 """
@@ -130,8 +131,8 @@ def decoder(
                 trips = {
                     "cache": f"device ({placed})" if cache_device(engine, layout) else "host",
                     "steps": steps,
-                    "host_trips": runner.host_trips.rebuilds,
-                    "host_trip_mb": runner.host_trips.bytes / 2**20,
+                    "rebuilds": runner.row_gather.rebuilds if runner.row_gather else 0,
+                    "uploaded_mb": runner.row_gather.uploaded_bytes / 2**20 if runner.row_gather else 0.0,
                 }
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     same = outputs["on"] == outputs["off"]  # greedy: the cache's place must not change a token

@@ -63,6 +63,8 @@ class DeviceEngine(Engine, Protocol):
 
     def to_device(self, array: np.ndarray) -> ort.OrtValue: ...
 
+    def companion(self, model: bytes) -> DeviceEngine: ...
+
 
 IoBinding = Literal["auto", "on", "off"]
 
@@ -123,7 +125,7 @@ class OrtEngine:
 
     def __init__(
         self,
-        model_path: Path,
+        model_path: Path | bytes,
         *,
         device: str = "auto",
         require_gpu: bool = False,
@@ -132,7 +134,8 @@ class OrtEngine:
         bounded_memory: bool = True,
         io_binding: IoBinding = "auto",
     ) -> None:
-        """`bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost).
+        """`model_path`: a file, or a serialized model (a helper graph such as generation/row_graph.py's).
+        `bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost).
         `io_binding`: auto binds on CUDA only (on a CPU plain `run` is as fast: see `binds_io`)."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -153,7 +156,10 @@ class OrtEngine:
         wanted = choose_providers(device)
         if CUDA in wanted:
             preload_cuda_libraries()
-        self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=wanted)
+        source = model_path if isinstance(model_path, bytes) else str(model_path)
+        self._session = ort.InferenceSession(source, sess_options=options, providers=wanted)
+        if isinstance(model_path, bytes):
+            model_path = Path(f"<{len(model_path)} bytes>")
         self._provider = self._session.get_providers()[0]
         wants_gpu = device == "gpu" or require_gpu
         if wants_gpu and self._provider != CUDA:
@@ -232,6 +238,12 @@ class OrtEngine:
         """A copy of `array` on the session's device, for `run_bound`."""
         device, device_id = self._device
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, device_id)
+
+    def companion(self, model: bytes) -> OrtEngine:
+        """A session of `model` (serialized) on this engine's device, IO bound: a helper graph that works
+        on this engine's device values, such as the KV cache's row gather."""
+        on_cuda = self._provider == CUDA
+        return OrtEngine(model, device="gpu" if on_cuda else "cpu", intra_op_threads=1, io_binding="on")
 
     def _binding(self) -> ort.IOBinding:
         binding = getattr(self._bindings, "binding", None)

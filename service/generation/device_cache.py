@@ -8,10 +8,11 @@ Every row's new position then lands in the same column, the last, so a step's pr
 past: bound as the next call's inputs, the cache never leaves the device. A decode step copies only the
 input ids, attention mask and position ids to the device and the logits back.
 
-A join or a leave changes the rows: the cache goes once through the host (downloaded at the first change
-of a step, rows re-aligned to the new longest, uploaded at the next step). Joins and leaves are rare next to
-steps; `HostTrips` counts them and their bytes (benchmarks/io_binding_bench.py reports both). Doing them
-on the device would need a gather graph of its own.
+A join or a leave changes the rows. The cache is then re-formed on the device by a four-op graph of its own
+(row_graph.py: the rows that stay gathered and re-aligned to the new longest, the joining rows stacked
+after them), one call per layer tensor at the step after the change; only the joining rows' caches, which
+their prefill left on the host, are uploaded. `RowGather` counts those rebuilds and bytes
+(benchmarks/io_binding_bench.py reports both).
 
 distilserve's appending graph (`present_positions="new"`) returns only the new position. Writing it into a
 device cache needs what ONNX Runtime's Python API does not offer: an OrtValue cannot be written into on the
@@ -22,59 +23,87 @@ bound, until its export also returns past + new.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnxruntime as ort
 
 from service.engine import DeviceEngine
+from service.generation.row_graph import OUTPUT, row_graph
 
 HostLayer = tuple[np.ndarray, np.ndarray]  # keys, values of one sequence: [heads, positions, head_dim]
 DeviceLayer = tuple[ort.OrtValue, ort.OrtValue]  # keys, values of the batch: [rows, heads, columns, head_dim]
 
 
-@dataclass
-class HostTrips:
-    """The device cache's trips through the host: one per step in which sequences joined or left."""
+class RowGather:
+    """Re-forms a device cache's rows on the device (row_graph.py): one helper session per dtype, made at
+    first use and shared by the runner's successive caches. Counts rebuilds and the bytes uploaded."""
 
-    rebuilds: int = 0
-    bytes: int = 0  # downloaded and uploaded
+    def __init__(self, engine: DeviceEngine) -> None:
+        self._engine = engine
+        self._sessions: dict[np.dtype, DeviceEngine] = {}
+        self.rebuilds = 0  # steps whose rows changed
+        self.uploaded_bytes = 0  # joining rows' caches, host to device
+
+    def __call__(
+        self, cache: ort.OrtValue | None, keep: np.ndarray, crop: int, pad: int, new: np.ndarray
+    ) -> ort.OrtValue:
+        """`cache`'s rows `keep`, less `crop` columns and with `pad` zero columns on the left, then `new`'s
+        rows; `new` alone (uploaded) when no row stays."""
+        self.uploaded_bytes += new.nbytes
+        if cache is None or not len(keep):
+            return self._engine.to_device(new)
+        session = self._sessions.get(new.dtype)
+        if session is None:
+            session = self._sessions[new.dtype] = self._engine.companion(row_graph(new.dtype))
+        columns = cache.shape()[2]
+        feeds = {
+            "cache": cache,
+            "keep": keep,
+            "start": np.array([crop], dtype=np.int64),
+            "end": np.array([columns], dtype=np.int64),
+            "axes": np.array([2], dtype=np.int64),
+            "pads": np.array([0, 0, pad, 0, 0, 0, 0, 0], dtype=np.int64),
+            "new": new,
+        }
+        return session.run_bound(feeds, keep={OUTPUT})[OUTPUT]
 
 
 class DeviceCache:
     """Row r is sequence `ids[r]`, its positions in the last `lengths[r]` of the cache's columns; the
-    interface is the host `SlotCache`'s: `feeds`, `join`, `leave`, `append`."""
+    interface is the host `SlotCache`'s: `feeds`, `join`, `leave`, `append`. Rows that stay keep their
+    order and joining rows come after them, so `ids` is final as soon as a step's joins and leaves are in."""
 
-    def __init__(self, engine: DeviceEngine, heads: int, head_dim: int, trips: HostTrips) -> None:
+    def __init__(self, heads: int, head_dim: int, gather: RowGather) -> None:
         self.ids: list[int] = []
-        self._engine = engine
         self._shape = (heads, head_dim)
-        self._trips = trips
+        self._gather = gather
         self._past: list[DeviceLayer] = []
         self._lengths = np.zeros(0, dtype=np.int64)
         self._width = 0  # the past's columns
-        self._host: dict[int, list[HostLayer]] | None = None  # each row's cache while the rows change
-
-    def feeds(self) -> tuple[list[DeviceLayer], np.ndarray, np.ndarray]:
-        """The past (on the device), the attention mask (past + the new position) and new position ids."""
-        if self._host is not None:
-            self._upload()
-        mask = np.arange(self._width + 1) >= self._width - self._lengths[:, None]
-        return self._past, mask.astype(np.int64), self._lengths[:, None].copy()
+        self._laid_out: list[int] = []  # the sequences of the device tensors' rows, in order
+        self._joining: dict[int, list[HostLayer]] = {}  # prefilled caches to add at the next step
+        self._dtype = np.dtype(np.float32)  # the cache's, as the prefill gave it
 
     @property
     def device_name(self) -> str:
         """Where the past lives, as ONNX Runtime names it ("cuda", "cpu"); empty before the first step."""
         return str(self._past[0][0].device_name()) if self._past else ""
 
+    def feeds(self) -> tuple[list[DeviceLayer], np.ndarray, np.ndarray]:
+        """The past (on the device), the attention mask (past + the new position) and new position ids."""
+        if self.ids != self._laid_out:
+            self._rebuild()
+        mask = np.arange(self._width + 1) >= self._width - self._lengths[:, None]
+        return self._past, mask.astype(np.int64), self._lengths[:, None].copy()
+
     def join(self, seq_id: int, cache: list[HostLayer]) -> None:
         """A prefilled sequence joins: its cache [heads, length, head_dim] per tensor, on the host."""
-        self._rows()[seq_id] = cache
+        self._joining[seq_id] = cache
+        self._dtype = cache[0][0].dtype
         self.ids.append(seq_id)
 
     def leave(self, seq_id: int) -> None:
-        del self._rows()[seq_id]
         self.ids.remove(seq_id)
+        self._joining.pop(seq_id, None)
 
     def append(self, presents: list[DeviceLayer]) -> None:
         """The step's presents (past + each row's new position, on the device) are the next past."""
@@ -82,36 +111,29 @@ class DeviceCache:
         self._width += 1
         self._lengths += 1
 
-    def _rows(self) -> dict[int, list[HostLayer]]:
-        """Each live row's positions on the host: the device cache is downloaded once per change."""
-        if self._host is None:
-            host = [(keys.numpy(), values.numpy()) for keys, values in self._past]
-            self._trips.bytes += sum(k.nbytes + v.nbytes for k, v in host)
-            width = self._width
-            self._host = {
-                seq_id: [(k[row, :, width - n :], v[row, :, width - n :]) for k, v in host]
-                for row, (seq_id, n) in enumerate(zip(self.ids, self._lengths.tolist(), strict=True))
-            }
-        return self._host
-
-    def _upload(self) -> None:
-        """The rows right-aligned to the longest, zero-padded on the left (masked, but finite), uploaded."""
-        rows = [self._host[seq_id] for seq_id in self.ids] if self._host else []
-        lengths = np.array([row[0][0].shape[1] for row in rows], dtype=np.int64)
-        width = int(lengths.max(initial=0))
+    def _rebuild(self) -> None:
+        """The rows as `ids` lists them: those that stay, then the joining ones, right-aligned to the
+        longest (zero columns on the left: masked, but finite); on the device, each tensor in one call."""
+        row_of = {seq_id: row for row, seq_id in enumerate(self._laid_out)}
+        staying = [seq_id for seq_id in self.ids if seq_id in row_of]
+        joining = [self._joining[seq_id] for seq_id in self.ids if seq_id not in row_of]
+        assert self.ids == staying + [i for i in self.ids if i not in row_of], "joining rows come last"
+        keep = np.array([row_of[seq_id] for seq_id in staying], dtype=np.int64)
+        new_lengths = [row[0][0].shape[1] for row in joining]
+        lengths = np.concatenate([self._lengths[keep], np.array(new_lengths, dtype=np.int64)])
+        width = int(lengths.max())
+        crop, pad = max(0, self._width - width), max(0, width - self._width)
+        layers = len(self._past) or len(joining[0])
         past: list[DeviceLayer] = []
-        for layer in range(len(rows[0]) if rows else 0):
+        for layer in range(layers):
             pair = []
             for tensor in (0, 1):
-                shape, dtype = (
-                    (len(rows), self._shape[0], width, self._shape[1]),
-                    rows[0][layer][tensor].dtype,
-                )
-                array = np.zeros(shape, dtype=dtype)
-                for r, row in enumerate(rows):
-                    array[r, :, width - lengths[r] :] = row[layer][tensor]
-                self._trips.bytes += array.nbytes
-                pair.append(self._engine.to_device(array))
+                old = self._past[layer][tensor] if self._past else None
+                new = np.zeros((len(joining), self._shape[0], width, self._shape[1]), dtype=self._dtype)
+                for r, row in enumerate(joining):
+                    new[r, :, width - new_lengths[r] :] = row[layer][tensor]
+                pair.append(self._gather(old, keep, crop, pad, new))
             past.append((pair[0], pair[1]))
-        self._past, self._lengths, self._width, self._host = past, lengths, width, None
-        self._trips.rebuilds += 1
+        self._past, self._lengths, self._width = past, lengths, width
+        self._laid_out, self._joining = list(self.ids), {}
+        self._gather.rebuilds += 1

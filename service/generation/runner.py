@@ -13,8 +13,9 @@ the batch's cache at each join or leave was a third of the engine thread's time 
 and every step's copy of the whole cache (optimum's graph) half of a batch-16 decode step.
 
 On a GPU (an engine that binds its inputs and outputs) optimum's graph keeps the cache on the device
-instead: `DeviceCache` (device_cache.py) binds each step's presents as the next step's past, so a step
-copies no cache between host and device. distilserve's appending graph keeps the host cache there too.
+instead: `DeviceCache` (device_cache.py) binds each step's presents as the next step's past and re-forms its
+rows there when sequences join or leave, so a step copies no cache between host and device. distilserve's
+appending graph keeps the host cache there too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from service.engine import DeviceEngine, Engine
-from service.generation.device_cache import DeviceCache, HostTrips
+from service.generation.device_cache import DeviceCache, RowGather
 from service.generation.sampling import next_token
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
@@ -148,7 +149,7 @@ class DecoderRunner:
         # The cache stays on the device where the engine binds IO and the graph returns past + new.
         self._device = cache_device(engine, layout)
         self._keep = frozenset(name for pair in self._present_names for name in pair)
-        self.host_trips = HostTrips()  # the device cache's rebuilds through the host (joins, leaves)
+        self.row_gather = RowGather(self._device) if self._device is not None else None  # joins, leaves
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens: dict[int, int] = {}
@@ -229,8 +230,8 @@ class DecoderRunner:
 
     def _new_cache(self) -> SlotCache | DeviceCache:
         layout = self.layout
-        if self._device is not None:
-            return DeviceCache(self._device, layout.num_key_value_heads, layout.head_dim, self.host_trips)
+        if self.row_gather is not None:
+            return DeviceCache(layout.num_key_value_heads, layout.head_dim, self.row_gather)
         return SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
 
 

@@ -1,7 +1,8 @@
 """The KV cache kept on the engine's device between decode steps (IO binding forced on, so the GPU's code
 path runs on the CPU provider), on optimum's graphs (present = past + new) of a GPT-2 and of a Llama with
 grouped-query attention: greedy output equals the host cache's and PyTorch's, alone and with sequences
-joining and leaving mid-way; the cache goes through the host only in steps where the rows change."""
+joining and leaving mid-way; the cache never goes through the host: its rows are re-formed on the device
+when they change, and only the joining rows' prefilled caches are uploaded."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 
 from service.engine import IoBinding, OrtEngine
@@ -72,10 +75,15 @@ def prompt_ids(hf_dir: Path) -> list[list[int]]:
     return [tokenizer(text)["input_ids"] for text in PROMPTS * 2]
 
 
-def churn(runner: DecoderRunner, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], int]:
+def churn(
+    runner: DecoderRunner, prompts: list[list[int]], lengths: list[int], logits: list[list[Any]] | None = None
+) -> tuple[list[list[int]], int]:
     """A sequence joins every other step and each leaves at its own length. Returns every output and the
-    number of decode steps whose rows differed from the last decode's (the device cache's host trips)."""
+    number of decode steps whose rows differed from the last decode's (the device cache's rebuilds); with
+    `logits`, each sequence's decode logits are appended to its list there."""
     waiting = [Sequence(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, lengths, strict=True)]
+    if logits is not None:
+        record_logits(runner, {s.id: logits.append([]) or logits[-1] for s in waiting})
     everyone, running, step, changes, last = list(waiting), list[Sequence](), 0, 0, set[int]()
     while waiting or running:
         joining = [waiting.pop(0)] if waiting and step % 2 == 0 else []
@@ -88,6 +96,22 @@ def churn(runner: DecoderRunner, prompts: list[list[int]], lengths: list[int]) -
         running = [s for s in [*running, *joining] if len(s.output) < s.params.max_new_tokens]
         step += 1
     return [s.output for s in everyone], changes
+
+
+def record_logits(runner: DecoderRunner, into: dict[int, list[Any]]) -> None:
+    """Each decode step's last-position logits, per sequence id (a spy on the runner's engine calls)."""
+    run = runner._run
+
+    def spy(ids: Any, mask: Any, positions: Any, past: Any, on_device: bool = False) -> dict[str, Any]:
+        outputs = run(ids, mask, positions, past, on_device)
+        if mask.shape[1] > ids.shape[1]:  # a decode step: the mask covers the past too
+            assert runner._cache is not None
+            for seq_id, row in zip(runner._cache.ids, outputs["logits"][:, -1], strict=True):
+                if seq_id in into:  # not a later run's sequence
+                    into[seq_id].append(row.copy())
+        return outputs
+
+    runner._run = spy  # type: ignore[method-assign]
 
 
 def until_eos(tokens: list[int], eos: int | None) -> list[int]:
@@ -110,9 +134,14 @@ def test_greedy_on_the_device_equals_the_host_cache_and_pytorch_with_joins_and_l
     prompts = prompt_ids(hf_dir)
     lengths = [5 + (7 * i) % 11 for i in range(len(prompts))]  # 5..15 new tokens, all different neighbours
     on_device = runner(version_dir, "on")
-    together, changes = churn(on_device, prompts, lengths)
-    assert together == churn(runner(version_dir, "off"), prompts, lengths)[0]
-    assert on_device.host_trips.rebuilds == changes and changes < sum(lengths) / 2
+    device_logits: list[list[Any]] = []
+    host_logits: list[list[Any]] = []
+    together, changes = churn(on_device, prompts, lengths, device_logits)
+    assert together == churn(runner(version_dir, "off"), prompts, lengths, host_logits)[0]
+    # The untrained models repeat tokens whatever the cache holds: their logits tell rows apart.
+    for device_rows, host_rows in zip(device_logits, host_logits, strict=True):
+        np.testing.assert_allclose(np.array(device_rows), np.array(host_rows), rtol=1e-4, atol=1e-5)
+    assert on_device.row_gather is not None and on_device.row_gather.rebuilds == changes
     alone = [churn(on_device, [p], [n])[0][0] for p, n in zip(prompts, lengths, strict=True)]
     assert alone == together
     torch_model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
@@ -134,3 +163,65 @@ def test_the_appending_graph_keeps_its_host_cache_with_binding_on(tiny_repositor
     assert cache_device(runners[0].engine, layout) is None
     prompts, lengths = [[5, 6, 7], [8, 9], [10, 11, 12, 13]] * 2, [4, 9, 6, 3, 7, 5]
     assert churn(runners[0], prompts, lengths)[0] == churn(runners[1], prompts, lengths)[0]
+
+
+def test_a_decode_step_feeds_the_cache_from_the_device_and_keeps_its_presents_there(model: Any) -> None:
+    """What crosses to the device in a decode step: ids, mask and position ids; the past goes in as the
+    last step's OrtValues and the presents stay as OrtValues (a spy on the engine's bound calls)."""
+    version_dir, hf_dir = model
+    on_device = runner(version_dir, "on")
+    engine, calls = on_device.engine, []
+    run_bound = engine.run_bound  # type: ignore[attr-defined]
+
+    def spy(feeds: dict[str, Any], keep: Any = ()) -> dict[str, Any]:
+        outputs = run_bound(feeds, keep)
+        if keep:  # a decode step (a prefill is run plainly, its presents wanted on the host)
+            calls.append(({k: type(v) for k, v in feeds.items()}, {k: type(v) for k, v in outputs.items()}))
+        return outputs
+
+    engine.run_bound = spy  # type: ignore[attr-defined]
+    prompts = prompt_ids(hf_dir)[:4]
+    churn(on_device, prompts, [6, 3, 8, 5])
+    assert len(calls) >= 7  # every decode step (the longest alone has 7 after its prefill)
+    for inputs, outputs in calls:
+        assert {k for k, t in inputs.items() if t is not ort.OrtValue} == {
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+        }
+        assert {k for k, t in outputs.items() if t is not ort.OrtValue} == {"logits"}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_row_graph_is_valid_onnx_and_gathers_crops_pads_and_stacks_rows(dtype: type) -> None:
+    import onnx
+
+    from service.generation.row_graph import OUTPUT, row_graph
+
+    model = row_graph(np.dtype(dtype))
+    onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
+    gather = OrtEngine(model, device="cpu", io_binding="on")
+    rng = np.random.default_rng(0)
+    cache = rng.standard_normal((3, 2, 5, 4)).astype(dtype)
+    cases = [  # keep, crop, pad, joining rows' columns
+        ([2, 0], 0, 2, 7),  # a longer row joins: the others gain zero columns on the left
+        ([1], 2, 0, 3),  # the longest left: the others lose the columns only it used
+        ([0, 1, 2], 0, 0, 5),
+        ([1, 0], 0, 0, None),  # only leaves (and a new order)
+        ([], 0, 0, 5),  # everyone left, one joins
+    ]
+    for keep, crop, pad, columns in cases:
+        new = rng.standard_normal((1 if columns else 0, 2, 5 - crop + pad, 4)).astype(dtype)
+        rows = np.array(keep, dtype=np.int64)
+        feeds = {
+            "cache": gather.to_device(cache),
+            "keep": rows,
+            "start": np.array([crop]),
+            "end": np.array([5]),
+            "axes": np.array([2]),
+            "pads": np.array([0, 0, pad, 0, 0, 0, 0, 0]),
+            "new": new,
+        }
+        got = gather.run_bound(feeds, keep={OUTPUT})[OUTPUT].numpy()
+        aligned = np.pad(cache[rows][:, :, crop:], ((0, 0), (0, 0), (pad, 0), (0, 0)))
+        np.testing.assert_array_equal(got, np.concatenate([aligned, new]))
