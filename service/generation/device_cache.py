@@ -10,7 +10,7 @@ input ids, attention mask and position ids to the device and the logits back.
 
 A join or a leave changes the rows. The cache is then re-formed on the device by a four-op graph of its own
 (row_graph.py: the rows that stay gathered and re-aligned to the new longest, the joining rows stacked
-after them), one call per layer tensor at the step after the change; only the joining rows' caches, which
+after them), one call for all layers at the step after the change; only the joining rows' caches, which
 their prefill left on the host, are uploaded. `RowGather` counts those rebuilds and bytes
 (benchmarks/io_binding_bench.py reports both).
 
@@ -26,45 +26,49 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from service.engine import DeviceEngine
-from service.generation.row_graph import OUTPUT, row_graph
+from service.engine import DeviceEngine, Feed
+from service.generation.row_graph import row_graph
 
 HostLayer = tuple[np.ndarray, np.ndarray]  # keys, values of one sequence: [heads, positions, head_dim]
 DeviceLayer = tuple[ort.OrtValue, ort.OrtValue]  # keys, values of the batch: [rows, heads, columns, head_dim]
 
 
 class RowGather:
-    """Re-forms a device cache's rows on the device (row_graph.py): one helper session per dtype, made at
-    first use and shared by the runner's successive caches. Counts rebuilds and the bytes uploaded."""
+    """Re-forms a device cache's rows on the device (row_graph.py), every tensor in one call: one helper
+    session per dtype and tensor count, made at first use and shared by the runner's successive caches.
+    Counts rebuilds and the bytes uploaded."""
 
     def __init__(self, engine: DeviceEngine) -> None:
         self._engine = engine
-        self._sessions: dict[np.dtype, DeviceEngine] = {}
+        self._sessions: dict[tuple[np.dtype, int], DeviceEngine] = {}
         self.rebuilds = 0  # steps whose rows changed
         self.uploaded_bytes = 0  # joining rows' caches, host to device
 
     def __call__(
-        self, cache: ort.OrtValue | None, keep: np.ndarray, crop: int, pad: int, new: np.ndarray
-    ) -> ort.OrtValue:
-        """`cache`'s rows `keep`, less `crop` columns and with `pad` zero columns on the left, then `new`'s
-        rows; `new` alone (uploaded) when no row stays."""
-        self.uploaded_bytes += new.nbytes
-        if cache is None or not len(keep):
-            return self._engine.to_device(new)
-        session = self._sessions.get(new.dtype)
+        self, caches: list[ort.OrtValue], keep: np.ndarray, crop: int, pad: int, new: list[np.ndarray]
+    ) -> list[ort.OrtValue]:
+        """Each of `caches`' rows `keep`, less `crop` columns and with `pad` zero columns on the left, then
+        the rows of its `new` array; the `new` arrays alone (uploaded) when no row stays."""
+        self.rebuilds += 1
+        self.uploaded_bytes += sum(array.nbytes for array in new)
+        if not caches or not len(keep):
+            return [self._engine.to_device(array) for array in new]
+        key = (new[0].dtype, len(new))
+        session = self._sessions.get(key)
         if session is None:
-            session = self._sessions[new.dtype] = self._engine.companion(row_graph(new.dtype))
-        columns = cache.shape()[2]
-        feeds = {
-            "cache": cache,
+            session = self._sessions[key] = self._engine.companion(row_graph(*key))
+        feeds: dict[str, Feed] = {
             "keep": keep,
             "start": np.array([crop], dtype=np.int64),
-            "end": np.array([columns], dtype=np.int64),
+            "end": np.array([caches[0].shape()[2]], dtype=np.int64),
             "axes": np.array([2], dtype=np.int64),
             "pads": np.array([0, 0, pad, 0, 0, 0, 0, 0], dtype=np.int64),
-            "new": new,
         }
-        return session.run_bound(feeds, keep={OUTPUT})[OUTPUT]
+        for i, (cache, array) in enumerate(zip(caches, new, strict=True)):
+            feeds[f"cache.{i}"], feeds[f"new.{i}"] = cache, array
+        names = [f"out.{i}" for i in range(len(new))]
+        outputs = session.run_bound(feeds, keep=set(names))
+        return [outputs[name] for name in names]
 
 
 class DeviceCache:
@@ -113,7 +117,7 @@ class DeviceCache:
 
     def _rebuild(self) -> None:
         """The rows as `ids` lists them: those that stay, then the joining ones, right-aligned to the
-        longest (zero columns on the left: masked, but finite); on the device, each tensor in one call."""
+        longest (zero columns on the left: masked, but finite); on the device, in one call."""
         row_of = {seq_id: row for row, seq_id in enumerate(self._laid_out)}
         staying = [seq_id for seq_id in self.ids if seq_id in row_of]
         joining = [self._joining[seq_id] for seq_id in self.ids if seq_id not in row_of]
@@ -124,16 +128,15 @@ class DeviceCache:
         width = int(lengths.max())
         crop, pad = max(0, self._width - width), max(0, width - self._width)
         layers = len(self._past) or len(joining[0])
-        past: list[DeviceLayer] = []
+        new: list[np.ndarray] = []
         for layer in range(layers):
-            pair = []
             for tensor in (0, 1):
-                old = self._past[layer][tensor] if self._past else None
-                new = np.zeros((len(joining), self._shape[0], width, self._shape[1]), dtype=self._dtype)
+                array = np.zeros((len(joining), self._shape[0], width, self._shape[1]), dtype=self._dtype)
                 for r, row in enumerate(joining):
-                    new[r, :, width - new_lengths[r] :] = row[layer][tensor]
-                pair.append(self._gather(old, keep, crop, pad, new))
-            past.append((pair[0], pair[1]))
+                    array[r, :, width - new_lengths[r] :] = row[layer][tensor]
+                new.append(array)
+        old = [value for pair in self._past for value in pair]
+        flat = self._gather(old, keep, crop, pad, new)
+        past = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         self._past, self._lengths, self._width = past, lengths, width
         self._laid_out, self._joining = list(self.ids), {}
-        self._gather.rebuilds += 1

@@ -1,13 +1,14 @@
-"""A four-op ONNX graph that re-forms a device KV cache's rows on the device: when sequences join or leave
-the running batch, the rows that stay are gathered, re-aligned to the new longest row and stacked with the
-joining rows, without the cache leaving the device.
+"""An ONNX graph that re-forms a device KV cache's rows on the device: when sequences join or leave the
+running batch, the rows that stay are gathered, re-aligned to the new longest row and stacked with the
+joining rows, without the cache leaving the device. For each of the cache's tensors i (every layer's keys
+and values, in one call):
 
-    out = Concat(Pad(Slice(Gather(cache, keep, axis=0), start, end, axes), pads), new, axis=0)
+    out.i = Concat(Pad(Slice(Gather(cache.i, keep, axis=0), start, end, axes), pads), new.i, axis=0)
 
-cache [rows, heads, columns, head_dim]: the old cache; keep [k]: the old rows that stay, in their new order;
-start/end/axes [1]: the columns kept (axis 2: cropped on the left when the longest row left); pads [8]: zero
-columns added on the left (when a joining row is longer); new [m, heads, columns', head_dim]: the joining
-rows, right-aligned on the host (their prefill is there).
+cache.i [rows, heads, columns, head_dim]: the old cache; keep [k]: the old rows that stay, in their new
+order; start/end/axes [1]: the columns kept (axis 2: cropped on the left when the longest row left); pads
+[8]: zero columns added on the left (when a joining row is longer); new.i [m, heads, columns', head_dim]:
+the joining rows, right-aligned on the host (their prefill is there).
 
 The service does not depend on `onnx` (ONNX Runtime reads model bytes), so the model is written here
 with the dozen protobuf fields it needs (onnx.proto's field numbers; tests check it with onnx.checker).
@@ -19,44 +20,41 @@ import numpy as np
 
 FLOAT, INT64, FLOAT16 = 1, 7, 10  # onnx.TensorProto element types
 ELEMENT_TYPES = {np.dtype(np.float32): FLOAT, np.dtype(np.float16): FLOAT16}
-INPUTS = ("cache", "keep", "start", "end", "axes", "pads", "new")
-OUTPUT = "out"
 
 
-def row_graph(dtype: np.dtype) -> bytes:
-    """The serialized ModelProto (IR 7, opset 13) for caches of `dtype`."""
+def row_graph(dtype: np.dtype, tensors: int) -> bytes:
+    """The serialized ModelProto (IR 7, opset 13) for `tensors` cache tensors of `dtype`."""
     kind = ELEMENT_TYPES[np.dtype(dtype)]
-    cache_shape = ("rows", "heads", "columns", "head_dim")
-    inputs = [
-        _value("cache", kind, cache_shape),
+    shared = [
         _value("keep", INT64, ("kept",)),
         *(_value(name, INT64, (1,)) for name in ("start", "end", "axes")),
         _value("pads", INT64, (8,)),
-        _value("new", kind, ("joining", "heads", "new_columns", "head_dim")),
     ]
-    nodes = [
-        _node("Gather", ["cache", "keep"], ["kept"], axis=0),
-        _node("Slice", ["kept", "start", "end", "axes"], ["cropped"]),
-        _node("Pad", ["cropped", "pads"], ["aligned"]),
-        _node("Concat", ["aligned", "new"], [OUTPUT], axis=0),
-    ]
-    output = _value(OUTPUT, kind, ("out_rows", "heads", "new_columns", "head_dim"))
+    inputs, outputs, nodes = [], [], []
+    for i in range(tensors):
+        inputs.append(_value(f"cache.{i}", kind, ("rows", "heads", "columns", "head_dim")))
+        inputs.append(_value(f"new.{i}", kind, ("joining", "heads", "new_columns", "head_dim")))
+        outputs.append(_value(f"out.{i}", kind, ("out_rows", "heads", "new_columns", "head_dim")))
+        nodes += [
+            _node(f"gather.{i}", "Gather", [f"cache.{i}", "keep"], [f"kept.{i}"], axis=0),
+            _node(f"slice.{i}", "Slice", [f"kept.{i}", "start", "end", "axes"], [f"cropped.{i}"]),
+            _node(f"pad.{i}", "Pad", [f"cropped.{i}", "pads"], [f"aligned.{i}"]),
+            _node(f"concat.{i}", "Concat", [f"aligned.{i}", f"new.{i}"], [f"out.{i}"], axis=0),
+        ]
     graph = b"".join(
         [*(_message(1, n) for n in nodes), _string(2, "kv_rows")]
-        + [_message(11, i) for i in inputs]
-        + [_message(12, output)]
+        + [_message(11, i) for i in [*shared, *inputs]]
+        + [_message(12, o) for o in outputs]
     )
     opset = _string(1, "") + _int(2, 13)
     return _int(1, 7) + _string(2, "distilserve") + _message(7, graph) + _message(8, opset)
 
 
-def _node(op_type: str, inputs: list[str], outputs: list[str], **ints: int) -> bytes:
+def _node(name: str, op_type: str, inputs: list[str], outputs: list[str], **ints: int) -> bytes:
     """NodeProto: input 1, output 2, name 3, op_type 4, attribute 5 (name 1, i 3, type 20 = INT)."""
-    attributes = [
-        _message(5, _string(1, name) + _int(3, value) + _int(20, 2)) for name, value in ints.items()
-    ]
+    attributes = [_message(5, _string(1, key) + _int(3, value) + _int(20, 2)) for key, value in ints.items()]
     fields = [*(_string(1, i) for i in inputs), *(_string(2, o) for o in outputs)]
-    return b"".join([*fields, _string(3, op_type.lower()), _string(4, op_type), *attributes])
+    return b"".join([*fields, _string(3, name), _string(4, op_type), *attributes])
 
 
 def _value(name: str, element_type: int, shape: tuple[int | str, ...]) -> bytes:

@@ -196,32 +196,32 @@ def test_a_decode_step_feeds_the_cache_from_the_device_and_keeps_its_presents_th
 def test_the_row_graph_is_valid_onnx_and_gathers_crops_pads_and_stacks_rows(dtype: type) -> None:
     import onnx
 
-    from service.generation.row_graph import OUTPUT, row_graph
+    from service.generation.row_graph import row_graph
 
-    model = row_graph(np.dtype(dtype))
+    model = row_graph(np.dtype(dtype), 3)
     onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
     gather = OrtEngine(model, device="cpu", io_binding="on")
     rng = np.random.default_rng(0)
-    cache = rng.standard_normal((3, 2, 5, 4)).astype(dtype)
-    cases = [  # keep, crop, pad, joining rows' columns
-        ([2, 0], 0, 2, 7),  # a longer row joins: the others gain zero columns on the left
-        ([1], 2, 0, 3),  # the longest left: the others lose the columns only it used
-        ([0, 1, 2], 0, 0, 5),
-        ([1, 0], 0, 0, None),  # only leaves (and a new order)
-        ([], 0, 0, 5),  # everyone left, one joins
+    caches = [rng.standard_normal((3, 2, 5, 4)).astype(dtype) for _ in range(3)]
+    cases = [  # keep, crop, pad, joining rows
+        ([2, 0], 0, 2, 1),  # a longer row joins: the others gain zero columns on the left
+        ([1], 2, 0, 2),  # the longest left: the others lose the columns only it used
+        ([0, 1, 2], 0, 0, 1),
+        ([1, 0], 0, 0, 0),  # only leaves (and a new order)
     ]
-    for keep, crop, pad, columns in cases:
-        new = rng.standard_normal((1 if columns else 0, 2, 5 - crop + pad, 4)).astype(dtype)
+    for keep, crop, pad, joining in cases:
         rows = np.array(keep, dtype=np.int64)
-        feeds = {
-            "cache": gather.to_device(cache),
+        new = [rng.standard_normal((joining, 2, 5 - crop + pad, 4)).astype(dtype) for _ in caches]
+        feeds: dict[str, Any] = {
             "keep": rows,
             "start": np.array([crop]),
             "end": np.array([5]),
             "axes": np.array([2]),
             "pads": np.array([0, 0, pad, 0, 0, 0, 0, 0]),
-            "new": new,
         }
-        got = gather.run_bound(feeds, keep={OUTPUT})[OUTPUT].numpy()
-        aligned = np.pad(cache[rows][:, :, crop:], ((0, 0), (0, 0), (pad, 0), (0, 0)))
-        np.testing.assert_array_equal(got, np.concatenate([aligned, new]))
+        for i, (cache, array) in enumerate(zip(caches, new, strict=True)):
+            feeds[f"cache.{i}"], feeds[f"new.{i}"] = gather.to_device(cache), array
+        outputs = gather.run_bound(feeds, keep={"out.0", "out.1", "out.2"})
+        for i, (cache, array) in enumerate(zip(caches, new, strict=True)):
+            aligned = np.pad(cache[rows][:, :, crop:], ((0, 0), (0, 0), (pad, 0), (0, 0)))
+            np.testing.assert_array_equal(outputs[f"out.{i}"].numpy(), np.concatenate([aligned, array]))
