@@ -16,6 +16,7 @@ from service.api.auth import ApiKeyMiddleware, load_api_keys
 from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
+from service.api.task_lane import ServiceApp
 from service.exchange import TextLimits
 from service.ipc import Executions
 from service.metrics import Metrics
@@ -117,7 +118,7 @@ def create_app(
             drain.begin()
             await engine.close()
 
-    app = FastAPI(
+    app = ServiceApp(
         title="distilserve",
         version="0.1.0",
         description="Distilled transformer students on ONNX Runtime, with request batching.",
