@@ -297,8 +297,9 @@ class Answer:
             opening = b"".join(sse(self.envelope(kind, [choice])) for choice in self.shape.opening)
             async for group in groups:
                 chunks = [sse(self.envelope(kind, [c])) for e in group for c in self.shape.chunk_choices(e)]
-                yield opening + b"".join(chunks)
-                opening = b""
+                if chunks or opening:  # a chat token that ends mid-character has no chunk yet
+                    yield opening + b"".join(chunks)
+                    opening = b""
             if include_usage:
                 yield sse(self.envelope(kind, []) | {"usage": _usage(len(seq.prompt), seq.streamed)})
         except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
