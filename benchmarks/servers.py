@@ -35,11 +35,19 @@ SERVER_PIDS: dict[str, int] = {}  # base URL -> the server's process, for its CP
 
 @contextmanager
 def running(
-    command: list[str], wait: Callable[[subprocess.Popen[bytes]], None], env: dict[str, str]
+    command: list[str],
+    wait: Callable[[subprocess.Popen[bytes]], None],
+    env: dict[str, str],
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run a server until the block ends; `wait` returns once it answers, else its log is in the error."""
+    """Run a server (from `cwd`'s tree, when given) until the block ends; `wait` returns once it answers,
+    else its log is in the error."""
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+        if cwd is not None:  # that tree's packages, not the installed ones
+            env = {**env, "PYTHONPATH": str(cwd)}
+        process = subprocess.Popen(
+            command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+        )
         try:
             try:
                 wait(process)
@@ -55,16 +63,30 @@ def running(
 
 @contextmanager
 def serve(
-    repository: Path, env: dict[str, str], module: str = "service", ready: str = "/ready"
+    repository: Path,
+    env: dict[str, str],
+    module: str = "service",
+    ready: str = "/ready",
+    tree: Path | None = None,
 ) -> Iterator[str]:
-    """The service (or `module`, a server taking the service's flags) until the block ends; its base URL."""
+    """The service (or `module`, a server taking the service's flags; from another checkout's `tree`)
+    until the block ends; its base URL."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", module, "--port", str(port), "--model-repository", str(repository)]
+    command = [
+        sys.executable,
+        "-m",
+        module,
+        "--port",
+        str(port),
+        "--model-repository",
+        str(repository.resolve()),
+    ]
     with running(
         command,
         lambda process: wait_ready(f"{base}{ready}", process),
         {"DISTILSERVE_LOG_LEVEL": "warning", **env},
+        cwd=tree,
     ) as process:
         SERVER_PIDS[base] = process.pid
         try:
