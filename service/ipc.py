@@ -29,6 +29,7 @@ import numpy as np
 
 from service.generation.sampling import SamplingParams
 from service.tokenization import EncodedText
+from service.turn_writes import TurnWriteTransport
 
 Frames = list[bytes]
 
@@ -157,10 +158,9 @@ class Channel(asyncio.Protocol):
     `on_message(channel, frames)` gets each message as it completes (the frames are bytes the caller may
     keep); `on_lost(channel)` runs once when the connection ends, however it ends.
 
-    Messages sent during one turn of the event loop leave together in one write, at the end of the turn:
-    a write is a system call, and under load a frontend sends several requests per turn and the core
-    answers a whole batch at once. Sends happen on the loop's thread only (transports are not
-    thread-safe)."""
+    Messages sent during one turn of the event loop leave together in one write, at the end of the turn
+    (service.turn_writes): under load a frontend sends several requests per turn and the core answers a
+    whole batch at once. Sends happen on the loop's thread only (transports are not thread-safe)."""
 
     def __init__(
         self,
@@ -170,12 +170,11 @@ class Channel(asyncio.Protocol):
         self._on_message = on_message
         self._on_lost = on_lost
         self._buffer = bytearray()
-        self._outgoing: list[bytes] = []  # this turn's messages, written together by _flush
-        self.transport: asyncio.Transport | None = None
+        self.transport: TurnWriteTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass, but is one
-        self._loop = asyncio.get_running_loop()
+        # uvloop's transport is not a registered subclass, but is one
+        self.transport = TurnWriteTransport(cast(asyncio.Transport, transport), asyncio.get_running_loop())
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -212,24 +211,16 @@ class Channel(asyncio.Protocol):
 
     def send(self, frames: Frames) -> bool:
         """Queue a message for sending; False when the connection is gone (nothing was sent)."""
-        if not self.open:
+        if self.transport is None or self.transport.is_closing():
             return False
         lengths = [len(f) for f in frames]
         head = _PREFIX.pack(4 * len(frames) + sum(lengths), len(frames))
-        if not self._outgoing:
-            self._loop.call_soon(self._flush)
-        self._outgoing += (head, struct.pack(f"<{len(frames)}I", *lengths), *frames)
+        self.transport.writelines((head, struct.pack(f"<{len(frames)}I", *lengths), *frames))
         return True
-
-    def _flush(self) -> None:
-        outgoing, self._outgoing = self._outgoing, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(outgoing)
 
     def close(self) -> None:
         if self.transport is not None:
-            self._flush()  # what was sent this turn still leaves
-            self.transport.close()
+            self.transport.close()  # what was sent this turn still leaves
 
 
 def socket_path(address: str) -> str:

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from service.api.disconnect import CANCELS, GONE, WORK
 from service.api.drain import DrainGate
 from service.settings import Settings
+from service.turn_writes import TurnWriteTransport
 
 log = logging.getLogger(__name__)
 STARTUP_FAILURE = 3  # what uvicorn.run exits with when the app cannot start
@@ -43,6 +44,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
       `header_timeout_s` of opening (or of its last answer) and its body within `body_timeout_s` of the
       headers, else it gets a 408 and is closed. uvicorn alone waits for both forever, so a few thousand
       connections trickling their bodies held the server.
+
+    And an answer leaves in one write: uvicorn writes the status line and headers, then the body, each a
+    system call; what one turn of the loop writes is sent together at its end (service.turn_writes).
     """
 
     header_timeout_s = 10.0  # set per server by `guarded_protocol`
@@ -50,7 +54,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _guard: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(TurnWriteTransport(transport, self.loop))  # type: ignore[arg-type]
         self._arm(self.header_timeout_s)  # connections that send nothing are cut too
 
     def on_message_begin(self) -> None:
