@@ -67,15 +67,36 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 
 OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models/")
 
+# Our (status, type) -> OpenAI's on its routes: OpenAI and vLLM answer a request they cannot serve with 400
+# `invalid_request_error` (the openai client's BadRequestError; 422 would be UnprocessableEntityError, which
+# code written against OpenAI does not catch). Our own /v1 routes keep 422.
+OPENAI_STATUS: dict[tuple[int, str], tuple[int, str]] = {
+    (422, "validation"): (400, "invalid_request_error"),
+    (404, "not_found"): (404, "not_found_error"),
+}
+# The request field each domain error is about, for OpenAI's `param` (InvalidInputError carries its own).
+PARAM: dict[type[Exception], str] = {
+    WrongTaskError: "model",
+    AmbiguousModelError: "model",
+    ModelNotFoundError: "model",
+}
+
 
 def error_response(
-    status: int, error_type: str, message: str, headers: dict[str, str] | None = None, path: str = ""
+    status: int,
+    error_type: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    path: str = "",
+    param: str | None = None,
 ) -> JSONResponse:
-    """`{"error", "error_type"}`; on OpenAI's routes OpenAI's own shape, where its clients look for the
-    message (with ours, the openai client said only "Error code: 404")."""
+    """`{"error", "error_type"}`; on OpenAI's routes OpenAI's own shape and status codes, where its clients
+    look for the message (with ours, the openai client said only "Error code: 404") and `param`, the field
+    at fault."""
     if path.startswith(OPENAI_PATHS):
+        status, error_type = OPENAI_STATUS.get((status, error_type), (status, error_type))
         body: dict[str, object] = {
-            "error": {"message": message, "type": error_type, "param": None, "code": None}
+            "error": {"message": message, "type": error_type, "param": param, "code": None}
         }
     else:
         body = {"error": message, "error_type": error_type}
@@ -97,8 +118,14 @@ def response_for(exc: Exception, path: str = "") -> JSONResponse | None:
     too."""
     for kind, (status, error_type) in STATUS.items():
         if isinstance(exc, kind):
-            return error_response(status, error_type, str(exc), _headers(exc), path)
+            return error_response(status, error_type, str(exc), _headers(exc), path, _param(exc))
     return None
+
+
+def _param(exc: Exception) -> str | None:
+    if isinstance(exc, InvalidInputError):
+        return exc.param
+    return next((param for kind, param in PARAM.items() if isinstance(exc, kind)), None)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -116,6 +143,16 @@ def _describe_validation(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _validation_param(exc: RequestValidationError) -> str | None:
+    """The first offending field's dotted path (`messages.0.content`), as the message names it; None when
+    the error is about the body as a whole (malformed JSON, a check across fields)."""
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if loc:
+            return ".".join(loc)
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
         response = response_for(exc, request.scope["path"])
@@ -127,7 +164,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return response
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, "validation", _describe_validation(exc), path=request.scope["path"])
+        message, param = _describe_validation(exc), _validation_param(exc)
+        return error_response(422, "validation", message, path=request.scope["path"], param=param)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = getattr(exc, "headers", None)

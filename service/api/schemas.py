@@ -64,4 +64,9 @@ class OpenAIErrorBody(BaseModel):
 
 ERROR_CODES = (404, 413, 415, 422, 429, 500, 503, 504)
 ERRORS: dict[int | str, dict[str, object]] = {code: {"model": ErrorBody} for code in ERROR_CODES}
-OPENAI_ERRORS: dict[int | str, dict[str, object]] = {code: {"model": OpenAIErrorBody} for code in ERROR_CODES}
+# OpenAI's routes answer a bad request 400 (service.api.errors.OPENAI_STATUS), never 422; the "4XX" entry
+# also keeps FastAPI from documenting its own 422 for them.
+OPENAI_ERROR_CODES: tuple[int | str, ...] = (400, 404, 413, 415, 429, 500, 503, 504, "4XX")
+OPENAI_ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": OpenAIErrorBody} for code in OPENAI_ERROR_CODES
+}

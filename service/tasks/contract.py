@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 
 
 class InvalidInputError(ValueError):
-    """Well-formed JSON asking for something the model cannot do (HTTP 422)."""
+    """Well-formed JSON asking for something the model cannot do (HTTP 422; 400 on OpenAI's routes).
+
+    `param`: the request field at fault, where known; OpenAI's error shape names it for its clients."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class TensorError(ValueError):

@@ -321,12 +321,15 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
     model = c.resolve(NAME, body.model, None, x)
     if model.chat is None:
         raise InvalidInputError(
-            f"model {model.name!r} cannot chat: {model.no_chat_reason}; use /v1/completions with a prompt"
+            f"model {model.name!r} cannot chat: {model.no_chat_reason}; use /v1/completions with a prompt",
+            param="model",
         )
     try:
         prompt = model.chat.render([m.model_dump(exclude_none=True) for m in body.messages])
     except ChatTemplateError as e:
-        raise InvalidInputError(f"the model's chat template refused the messages: {e}") from None
+        raise InvalidInputError(
+            f"the model's chat template refused the messages: {e}", param="messages"
+        ) from None
     params = body.sampling(body.token_limit(model.manifest.max_sequence_length))
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
     return await Answer(CHAT, model.name).respond(prepared, body.stream, body.include_usage, x)

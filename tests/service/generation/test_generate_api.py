@@ -1,4 +1,5 @@
-"""/v1/generate and /v1/completions over HTTP on the tiny GPT-2: bad input is a clear 422, never a 500."""
+"""/v1/generate and /v1/completions over HTTP on the tiny GPT-2: bad input is a clear 422 (400 on OpenAI's
+route), never a 500."""
 
 from __future__ import annotations
 
@@ -44,13 +45,16 @@ def small_budget(lm_repository: Path) -> Iterator[TestClient]:
 
 
 def error(r: Any) -> str:
-    """The 422's message, from either shape: ours, or OpenAI's on /v1/completions."""
-    assert r.status_code == 422, r.text
+    """The refusal's message, from either shape: ours (422, "validation"), or OpenAI's on /v1/completions
+    (400, "invalid_request_error", as OpenAI and vLLM answer)."""
     body = r.json()
-    error = body["error"] if isinstance(body["error"], dict) else body
-    message = error["message"] if isinstance(body["error"], dict) else error["error"]
-    assert error.get("type", error.get("error_type")) == "validation", body
-    return str(message)
+    if isinstance(body["error"], dict):
+        assert r.status_code == 400, r.text
+        assert body["error"]["type"] == "invalid_request_error", body
+        return str(body["error"]["message"])
+    assert r.status_code == 422, r.text
+    assert body["error_type"] == "validation", body
+    return str(body["error"])
 
 
 # -- tiny temperatures ---------------------------------------------------------------------------------

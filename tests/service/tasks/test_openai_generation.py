@@ -166,51 +166,70 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
 
 
 @pytest.mark.parametrize(
-    ("change", "status", "message"),
+    ("change", "status", "message", "param"),
     [
-        ({"messages": None}, 422, "messages: Field required"),
-        ({"messages": []}, 422, "messages: List should have at least 1 item"),
-        ({"messages": [{"role": "tool", "content": "42"}]}, 422, "messages.0.role: Input should be"),
-        ({"messages": [{"role": "user"}]}, 422, "messages.0.content: Field required"),
+        ({"messages": None}, 400, "messages: Field required", "messages"),
+        ({"messages": []}, 400, "messages: List should have at least 1 item", "messages"),
+        (
+            {"messages": [{"role": "tool", "content": "42"}]},
+            400,
+            "messages.0.role: Input should be",
+            "messages.0.role",
+        ),
+        (
+            {"messages": [{"role": "user"}]},
+            400,
+            "messages.0.content: Field required",
+            "messages.0.content",
+        ),
         (
             {"messages": [{"role": "user", "content": 7}]},
-            422,
+            400,
             "messages.0.content: Input should be a valid string",
+            "messages.0.content",
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-            422,
+            400,
             "part 0 is 'image_url': only text parts are supported",
+            "messages.0.content",
         ),
         (
             {"messages": [{"role": "assistant", "content": "", "tool_calls": []}]},
-            422,
+            400,
             "messages.0.tool_calls: Extra inputs are not permitted",
+            "messages.0.tool_calls",
         ),
-        ({"n": 2}, 422, "n: Input should be less than or equal to 1"),
-        ({"tools": [{"type": "function"}]}, 422, "not supported by this server: tools"),
-        ({"presence_penalty": 0.5}, 422, "not supported by this server: presence_penalty"),
-        ({"temperature": "0"}, 422, "temperature: Input should be a valid number"),
-        ({"model": LM}, 422, f"model '{LM}' cannot chat: it has no chat template"),
-        ({"model": "no-such-model"}, 404, "'no-such-model' is not served"),
+        ({"n": 2}, 400, "n: Input should be less than or equal to 1", "n"),
+        ({"tools": [{"type": "function"}]}, 400, "not supported by this server: tools", None),
+        ({"presence_penalty": 0.5}, 400, "not supported by this server: presence_penalty", None),
+        ({"temperature": "0"}, 400, "temperature: Input should be a valid number", "temperature"),
+        ({"model": LM}, 400, f"model '{LM}' cannot chat: it has no chat template", "model"),
+        ({"model": "no-such-model"}, 404, "'no-such-model' is not served", "model"),
     ],
 )
 def test_bad_chat_input_is_a_clear_4xx_in_openais_shape(
-    server: LiveServer, change: dict[str, Any], status: int, message: str
+    server: LiveServer, change: dict[str, Any], status: int, message: str, param: str | None
 ) -> None:
     body = {k: v for k, v in (GOOD | change).items() if v is not None}
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert message in error["message"] and {"message", "type", "param", "code"} <= set(error)
+    assert error["param"] == param
+    assert error["type"] == ("invalid_request_error" if status == 400 else "not_found_error")
 
 
 def test_the_openai_client_reads_the_errors(server: LiveServer) -> None:
-    from openai import NotFoundError, UnprocessableEntityError
+    from openai import BadRequestError, NotFoundError
 
     client = openai_client(server)
-    with pytest.raises(UnprocessableEntityError, match="cannot chat"):
+    with pytest.raises(BadRequestError, match="cannot chat") as refused:
         client.chat.completions.create(model=LM, messages=MESSAGES)
+    assert refused.value.status_code == 400 and refused.value.param == "model"
+    assert refused.value.type == "invalid_request_error"
+    with pytest.raises(BadRequestError, match="max_tokens: Input should be greater than or equal to 1"):
+        client.completions.create(model=LM, prompt="hi", max_tokens=0)
     with pytest.raises(NotFoundError, match="'nope' is not served"):
         client.chat.completions.create(model="nope", messages=MESSAGES)
 
