@@ -18,7 +18,7 @@ import typer
 
 from common.cli import one_command_app, print_error
 from common.provenance import sha256_of
-from service.manifest import MANIFEST_FILE, ChatTemplateSpec, Manifest
+from service.manifest import MANIFEST_FILE, ChatTemplateSpec, GenerationLayout, Manifest
 
 
 def chat_spec(tokenizer: Any) -> ChatTemplateSpec | None:
@@ -43,6 +43,16 @@ def _token_text(token: Any) -> str | None:
     return None if token is None else str(token)
 
 
+def _with_stop_token(layout: GenerationLayout, tokenizer: Any, token: str) -> GenerationLayout:
+    """The layout, also stopping at the template's end-of-turn token (an older manifest knew only eos)."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == tokenizer.unk_token_id or token_id in layout.stop_ids():
+        return layout
+    eos = [] if layout.eos_token_id is None else [layout.eos_token_id]
+    stops = list(dict.fromkeys([*eos, *layout.stop_token_ids, int(token_id)]))
+    return layout.model_copy(update={"stop_token_ids": stops})
+
+
 def add_chat_template(model_dir: Path, version_dir: Path) -> ChatTemplateSpec:
     """Write `model_dir`'s chat template into the manifest of an exported version (replaced atomically).
 
@@ -63,10 +73,14 @@ def add_chat_template(model_dir: Path, version_dir: Path) -> ChatTemplateSpec:
             f"{source_tokenizer} is not the tokenizer {version_dir} serves (sha256 differs): "
             "give the HF directory the version was exported from"
         )
-    spec = chat_spec(AutoTokenizer.from_pretrained(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    spec = chat_spec(tokenizer)
     if spec is None:
         raise ValueError(f"{model_dir}'s tokenizer has no chat template")
-    updated = manifest.model_copy(update={"chat": spec})
+    update: dict[str, Any] = {"chat": spec}
+    if manifest.generation is not None and spec.eos_token is not None:
+        update["generation"] = _with_stop_token(manifest.generation, tokenizer, spec.eos_token)
+    updated = manifest.model_copy(update=update)
     Manifest.model_validate(updated.model_dump())  # the whole contract still holds
     staging = manifest_path.with_name(f".{MANIFEST_FILE}.tmp")
     staging.write_text(json.dumps(updated.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")

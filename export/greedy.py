@@ -43,7 +43,7 @@ def greedy_onnx(
         )
         token = int(outputs["logits"][0, -1].argmax())
         new.append(token)
-        if token == layout.eos_token_id:
+        if token in layout.stop_ids():
             break
         presents = {
             layout.past_key_name.format(layer=i): outputs[layout.present_key_name.format(layer=i)]
@@ -62,7 +62,7 @@ def greedy_onnx(
 
 
 def greedy_torch(
-    model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None
+    model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | list[int] | None
 ) -> list[int]:
     import torch
 
@@ -76,7 +76,7 @@ def greedy_torch(
             do_sample=False,
             num_beams=1,
             eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
+            pad_token_id=eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id,
         )
     return [int(t) for t in out[0, input_ids.shape[1] :]]
 
@@ -91,7 +91,7 @@ def greedy_match(
     """Share of prompts whose ONNX greedy continuation equals PyTorch's token for token."""
     same = sum(
         greedy_onnx(session, layout, p, max_new_tokens)
-        == greedy_torch(model, p, max_new_tokens, layout.eos_token_id)
+        == greedy_torch(model, p, max_new_tokens, sorted(layout.stop_ids()) or None)
         for p in prompts
     )
     return same / max(len(prompts), 1)

@@ -167,7 +167,13 @@ def _prepare_parity(
     eval_data: Path | None,
     seed: int,
 ) -> _Parity:
-    layout = generation_layout(model.config, tokenizer) if spec.task == "text-generation" else None
+    layout = None
+    if spec.task == "text-generation":
+        chat = chat_spec(tokenizer)
+        generation_config = getattr(model, "generation_config", None)
+        layout = generation_layout(
+            model.config, tokenizer, generation_config, chat.eos_token if chat is not None else None
+        )
     length, texts = parity_extent(spec, model.config, max_length)
     batches = generated_inputs(spec, tokenizer, model.config, length, seed)
     from_eval = eval_inputs(spec, tokenizer, eval_data, length, texts) if eval_data is not None else []

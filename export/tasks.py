@@ -96,11 +96,18 @@ def decoder_shape(config: Any) -> tuple[int, int, int, int]:
     return layers, heads, kv_heads, head_dim
 
 
-def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
+def generation_layout(
+    config: Any, tokenizer: Any, generation_config: Any = None, chat_eos_token: str | None = None
+) -> GenerationLayout:
     """KV-cache layout of the decoder export: distilserve's appending graph where the architecture has
-    one (GPT-2, Llama), optimum's text-generation-with-past graph otherwise (one merged graph)."""
+    one (GPT-2, Llama), optimum's text-generation-with-past graph otherwise (one merged graph).
+
+    `generation_config` (the model's, from generation_config.json) and `chat_eos_token` (the chat template's
+    end-of-turn token) add stop ids to the tokenizer's eos: Llama-3's chat turns end at <|eot_id|>, which
+    only its generation config names."""
     layers, heads, kv_heads, head_dim = decoder_shape(config)
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    first_eos = _ids(config.eos_token_id)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else next(iter(first_eos), None)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationLayout(
         num_layers=layers,
@@ -108,9 +115,34 @@ def generation_layout(config: Any, tokenizer: Any) -> GenerationLayout:
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         eos_token_id=eos,
+        stop_token_ids=stop_token_ids(config, tokenizer, generation_config, chat_eos_token),
         pad_token_id=pad,
         present_positions="new" if appends(config) else "all",
     )
+
+
+def stop_token_ids(
+    config: Any, tokenizer: Any, generation_config: Any = None, chat_eos_token: str | None = None
+) -> list[int]:
+    """Every id generation should end at, first seen first: the tokenizer's eos, the generation config's
+    eos ids (an int or a list), the model config's, and the chat template's eos token."""
+    found = [
+        *_ids(tokenizer.eos_token_id),
+        *_ids(getattr(generation_config, "eos_token_id", None)),
+        *_ids(getattr(config, "eos_token_id", None)),
+    ]
+    if chat_eos_token is not None:
+        chat_id = tokenizer.convert_tokens_to_ids(chat_eos_token)
+        if chat_id is not None and chat_id != tokenizer.unk_token_id:
+            found += _ids(chat_id)
+    return list(dict.fromkeys(found))
+
+
+def _ids(value: Any) -> list[int]:
+    """HF's `eos_token_id` as a list: None, one id, or several."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
 
 
 def appends(config: Any) -> bool:

@@ -89,7 +89,11 @@ class GenerationLayout(_Strict):
     past_value_name: str = "past_key_values.{layer}.value"
     present_key_name: str = "present.{layer}.key"
     present_value_name: str = "present.{layer}.value"
-    eos_token_id: int | None = None
+    eos_token_id: int | None = None  # the tokenizer's eos; kept as it was for older readers
+    # Every id generation ends at: a model may have several (generation_config.json's eos_token_id is then a
+    # list; Llama-3's chat end-of-turn <|eot_id|> is not its eos). Empty in manifests written before the
+    # field: then eos_token_id alone. Read it through stop_ids().
+    stop_token_ids: list[int] = Field(default_factory=list)
     pad_token_id: int | None = None
     graphs: Literal["merged", "split"] = "merged"
     # "all": `present` is past + new positions (optimum's graph, which copies the cache into it each call).
@@ -103,6 +107,11 @@ class GenerationLayout(_Strict):
         if isinstance(data, dict) and data.get("num_key_value_heads") is None and "num_heads" in data:
             return {**data, "num_key_value_heads": data["num_heads"]}
         return data
+
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a sequence: `stop_token_ids` and `eos_token_id` together."""
+        eos = () if self.eos_token_id is None else (self.eos_token_id,)
+        return frozenset((*self.stop_token_ids, *eos))
 
     @model_validator(mode="after")
     def _heads_share_key_value_heads_evenly(self) -> GenerationLayout:
@@ -119,9 +128,9 @@ class ChatTemplateSpec(_Strict):
     tokens it refers to by name, so that the service renders messages as `apply_chat_template` does.
 
     Kept in the manifest (a few KB of text) rather than in a file beside tokenizer.json: the manifest is the
-    only file the service trusts, and the template is part of what the model expects. Generation ends at
-    `generation.eos_token_id`; export takes both it and `eos_token` from the tokenizer's eos token, which
-    for chat models is the end-of-turn token the template closes each message with (SmolLM2: `<|im_end|>`).
+    only file the service trusts, and the template is part of what the model expects. Generation ends at any
+    of `generation.stop_ids()`; export puts `eos_token`'s id among them (the tokenizer's eos token, which for
+    chat models is the end-of-turn token the template closes each message with: SmolLM2's `<|im_end|>`).
     """
 
     template: str = Field(min_length=1)

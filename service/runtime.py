@@ -229,7 +229,7 @@ def _generation_core(
     return GenerationCore(
         DecoderRunner(engine, layout),
         Scheduler(config),
-        layout.eos_token_id,
+        layout.stop_ids(),
         executor,
         on_step=hooks.on_step,
         on_queue=hooks.on_queue,

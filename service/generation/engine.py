@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -54,7 +54,7 @@ class GenerationCore:
         self,
         runner: DecoderRunner,
         scheduler: Scheduler,
-        eos_token_id: int | None,
+        stop_token_ids: int | Iterable[int] | None,
         executor: Executor,
         deliver: Callable[[list[Produced]], None] | None = None,
         fail: Callable[[list[GenSequence], Exception], None] | None = None,
@@ -63,7 +63,7 @@ class GenerationCore:
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
-        self.eos_token_id = eos_token_id
+        self.stop_token_ids = _id_set(stop_token_ids)
         self._executor = executor
         self._deliver = deliver or _unbound
         self._fail = fail or _unbound
@@ -154,7 +154,7 @@ class GenerationCore:
             return None
         seq.output.append(token)
         finish: FinishReason | None = None
-        if token == self.eos_token_id and not seq.params.ignore_eos:
+        if token in self.stop_token_ids and not seq.params.ignore_eos:
             finish = "eos"
         elif len(seq.output) >= seq.params.max_new_tokens:
             finish = "length"
@@ -308,14 +308,14 @@ class GenerationEngine(TokenStreams):
         runner: DecoderRunner,
         scheduler: Scheduler,
         detokenizer: Callable[[], Detokenizer],
-        eos_token_id: int | None,
+        stop_token_ids: int | Iterable[int] | None,
         executor: Executor,
         hooks: EngineHooks | None = None,
         stream_interval_s: float = 0.0,
     ) -> None:
         hooks = hooks or EngineHooks()
         core = GenerationCore(
-            runner, scheduler, eos_token_id, executor, on_step=hooks.on_step, on_queue=hooks.on_queue
+            runner, scheduler, stop_token_ids, executor, on_step=hooks.on_step, on_queue=hooks.on_queue
         )
         self._attach(core, detokenizer, hooks, stream_interval_s)
 
@@ -364,6 +364,13 @@ class GenerationEngine(TokenStreams):
 
     async def close(self) -> None:
         await self.core.close()
+
+
+def _id_set(ids: int | Iterable[int] | None) -> frozenset[int]:
+    """The ids a sequence stops at, given as one id (the single eos of older callers), several, or none."""
+    if ids is None:
+        return frozenset()
+    return frozenset((ids,)) if isinstance(ids, int) else frozenset(ids)
 
 
 def _unbound(*args: object) -> None:
