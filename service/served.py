@@ -55,6 +55,12 @@ class ServedModel(OfVersion):
             self.chat, self.no_chat_reason = compile_chat_template(self.manifest.chat)
 
     @property
+    def can_chat(self) -> bool | None:
+        """Whether /v1/chat/completions serves it (a generation model exported with a chat template); None
+        for a model that does not generate, so that clients tell "cannot chat" from "not a chat question"."""
+        return self.chat is not None if self.manifest.task == "text-generation" else None
+
+    @property
     def variant(self) -> str:
         return self.placement.variant
 
@@ -85,6 +91,7 @@ class ServedModel(OfVersion):
             if mask is not None and m.task == "fill-mask"
             else None,
             "distillation": m.distillation.model_dump() if m.distillation else None,
+            "chat": self.can_chat,
         }
 
 

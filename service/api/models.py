@@ -30,7 +30,7 @@ def _openai(model: ServedModel) -> OpenAIModel:
         timestamp = int(datetime.fromisoformat(created).timestamp()) if created else 0
     except ValueError:
         timestamp = 0
-    return OpenAIModel(id=model.name, created=timestamp)
+    return OpenAIModel(id=model.name, created=timestamp, chat=model.can_chat)
 
 
 @router.get(

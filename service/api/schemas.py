@@ -27,6 +27,11 @@ class ModelCard(BaseModel):
         "parity gate): the reason `variant` is what it is."
     )
     distillation: dict[str, Any] | None
+    chat: bool | None = Field(
+        None,
+        description="Generation models: whether /v1/chat/completions serves it (exported with a chat "
+        "template; without one, /v1/completions only). Null for the other tasks.",
+    )
 
 
 class OpenAIModel(BaseModel):
@@ -36,6 +41,11 @@ class OpenAIModel(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(description="Unix time the served version was exported (0: unknown).")
     owned_by: str = "distilserve"
+    chat: bool | None = Field(
+        None,
+        description="distilserve's own: whether /v1/chat/completions serves it (null: not a generation "
+        "model). OpenAI's clients keep extra fields (`model.chat` in the python client).",
+    )
 
 
 class ModelList(BaseModel):

@@ -143,7 +143,7 @@ def test_health_ready_and_models(settings: Settings) -> None:
     assert card["name"] == "sentiment" and card["version"] == 1 and card["task"] == "text-classification"
     assert card["provider"] == "CPUExecutionProvider" and card["variant"] == "fp32"
     assert card["frontends"] == 1 and card["instances"] >= 1 and card["threads_per_instance"] >= 1
-    assert card["labels"] == ["negative", "positive"]
+    assert card["labels"] == ["negative", "positive"] and card["chat"] is None  # not a generation model
     assert card["distillation"]["metric"] == "accuracy"
     # every variant the export was asked for is either in the version or has its reason for being left out
     assert set(card["variants"]) | set(card["rejected_variants"]) == set(ALL_VARIANTS)

@@ -91,6 +91,22 @@ def test_the_export_carries_the_chat_template(repository: Path) -> None:
     assert read_version(repository / LM / "1").manifest.chat is None
 
 
+def test_the_model_list_says_which_models_chat(server: LiveServer) -> None:
+    listed = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()
+    assert {card["name"]: card["chat"] for card in listed["models"]} == {CHAT: True, BYTES: True, LM: False}
+    assert {m["id"]: m["chat"] for m in listed["data"]} == {CHAT: True, BYTES: True, LM: False}
+    assert all(m["object"] == "model" and m["owned_by"] == "distilserve" for m in listed["data"])
+    one = httpx.get(f"{server.base_url}/v1/models/{LM}", timeout=30).json()
+    assert one["id"] == LM and one["chat"] is False
+    client = openai_client(server)  # OpenAI's list shape still reads, the extra field kept
+    assert {m.id: getattr(m, "chat", None) for m in client.models.list()} == {
+        CHAT: True,
+        BYTES: True,
+        LM: False,
+    }
+    assert getattr(client.models.retrieve(CHAT), "chat", None) is True
+
+
 def test_the_openai_client_chats_with_pytorchs_greedy_answer(
     server: LiveServer, tiny_llama_dir: Path
 ) -> None:
