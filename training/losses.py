@@ -106,3 +106,47 @@ def hidden_alignment_loss(
         raise ValueError(f"hidden loss must be 'cosine' or 'mse', got {kind!r}")
     weights = attention_mask.to(per_token.dtype).expand_as(per_token)
     return (per_token * weights).sum() / weights.sum().clamp(min=1)
+
+
+def top_k_distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_values: torch.Tensor,
+    teacher_indices: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float,
+    alpha_kd: float,
+    alpha_hard: float,
+    ignore_index: int = -100,
+) -> LossTerms:
+    """`distillation_loss` when only the teacher's k largest logits are known (a cache of them).
+
+    Student logits are [..., V], teacher values and indices [..., k]. The teacher's distribution is its top k
+    renormalised at temperature T; the student keeps its full softmax, read at those k ids, so mass it puts
+    elsewhere is still penalised: kd = T² · Σ p_t (log p_t - log q_s) ≥ KL over the k ids, and equal to the
+    full KL as k reaches the vocabulary. Means over kept positions, computed in float32.
+    """
+    if (
+        teacher_values.shape != teacher_indices.shape
+        or teacher_values.shape[:-1] != student_logits.shape[:-1]
+    ):
+        raise ValueError(
+            f"teacher top-k {tuple(teacher_values.shape)}/{tuple(teacher_indices.shape)} do not match "
+            f"student logits {tuple(student_logits.shape)}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    vocab, k = student_logits.size(-1), teacher_values.size(-1)
+    student = student_logits.reshape(-1, vocab).float()
+    values = teacher_values.detach().reshape(-1, k).float()
+    indices = teacher_indices.reshape(-1, k)
+    targets = labels.reshape(-1)
+    keep = targets != ignore_index
+    count = keep.sum().clamp(min=1)
+
+    log_q = F.log_softmax(student[keep] / temperature, dim=-1).gather(-1, indices[keep])
+    log_p = F.log_softmax(values[keep] / temperature, dim=-1)
+    kd = (log_p.exp() * (log_p - log_q)).sum() / count * temperature**2
+
+    hard = F.cross_entropy(student, targets, ignore_index=ignore_index, reduction="sum") / count
+    return LossTerms(total=alpha_kd * kd + alpha_hard * hard, kd=kd, hard=hard)

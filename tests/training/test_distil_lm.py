@@ -1,0 +1,244 @@
+"""LM distillation from a cache of teacher top-k logits: the cache, the student cut, the loss, resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from tests.tiny_models import CORPUS, build_tiny_llama, llama_bpe, tiny_llama
+from training import distil_lm, lm_cache
+from training.cli import app
+from training.losses import distillation_loss, top_k_distillation_loss
+
+BLOCK, K = 16, 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return llama_bpe()
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "train.txt"
+    path.write_text("\n".join(CORPUS[:24]) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def teacher(tokenizer):
+    return tiny_llama(len(tokenizer), num_hidden_layers=4, std=0.1)
+
+
+def _cache(teacher, tokenizer, text: Path, out: Path, **kwargs: Any) -> int:
+    return lm_cache.build_cache(
+        teacher, tokenizer, text, out, teacher_name="tiny", block_size=BLOCK, top_k=K, batch_size=2, **kwargs
+    )
+
+
+def test_cache_holds_the_teachers_top_k(teacher, tokenizer, text: Path, tmp_path: Path) -> None:
+    done = _cache(teacher, tokenizer, text, tmp_path / "cache")
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+    assert done == len(blocks) == blocks.meta.num_blocks >= 4
+    batch = blocks.batch(np.arange(len(blocks)))
+    with torch.no_grad():
+        values, indices = teacher(input_ids=batch["input_ids"]).logits.topk(K, dim=-1)
+    assert torch.equal(batch["indices"], indices)
+    torch.testing.assert_close(batch["values"], values.half().float())
+    assert batch["input_ids"].shape == (len(blocks), BLOCK)
+    # a smaller k reads the first (largest) ones
+    assert torch.equal(blocks.batch(np.arange(2), top_k=3)["indices"], batch["indices"][:2, :, :3])
+
+
+def test_interrupted_cache_build_resumes_to_the_same_arrays(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    whole = _cache(teacher, tokenizer, text, tmp_path / "whole")
+    assert _cache(teacher, tokenizer, text, tmp_path / "parts", stop_after_batches=1) == 2
+    assert lm_cache.open_cache(tmp_path / "parts").tokens.shape[0] == 2  # only counted blocks are read
+    assert _cache(teacher, tokenizer, text, tmp_path / "parts", max_blocks=3) == 3  # grow it a little
+    assert _cache(teacher, tokenizer, text, tmp_path / "parts") == whole
+    for name in ("tokens.npy", "values.npy", "indices.npy"):
+        assert np.array_equal(np.load(tmp_path / "whole" / name), np.load(tmp_path / "parts" / name))
+    with pytest.raises(ValueError, match="holds teacher"):
+        _cache(teacher, tokenizer, text, tmp_path / "parts", seed=1)
+
+
+def test_student_keeping_every_layer_equals_the_teacher(teacher) -> None:
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 12))
+    same = distil_lm.student_from_teacher(teacher, distil_lm.DistilLMConfig(layers=4)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(same(input_ids=ids).logits, teacher(input_ids=ids).logits)
+    config = distil_lm.DistilLMConfig(layers=2, layer_map=[1, 3])
+    cut = distil_lm.student_from_teacher(teacher, config)
+    assert cut.config.num_hidden_layers == 2
+    for student_layer, teacher_layer in zip(cut.model.layers, (1, 3), strict=True):
+        for a, b in zip(
+            student_layer.parameters(), teacher.model.layers[teacher_layer].parameters(), strict=True
+        ):
+            assert torch.equal(a, b)
+    assert torch.equal(cut.model.norm.weight, teacher.model.norm.weight)
+    assert torch.equal(cut.lm_head.weight, teacher.lm_head.weight)
+    assert (
+        distil_lm.student_from_teacher(teacher, distil_lm.DistilLMConfig(layers=2)).config.num_hidden_layers
+        == 2
+    )
+
+
+def test_top_k_loss_is_the_full_kl_when_k_is_the_vocabulary() -> None:
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11) * 3
+    labels = torch.randint(0, 11, (2, 5))
+    labels[0, 0] = -100
+    values, indices = teacher.topk(11, dim=-1)
+    full = distillation_loss(student, teacher, labels, temperature=2.0, alpha_kd=1.0, alpha_hard=0.5)
+    top = top_k_distillation_loss(
+        student, values, indices, labels, temperature=2.0, alpha_kd=1.0, alpha_hard=0.5
+    )
+    torch.testing.assert_close(top.kd, full.kd)
+    torch.testing.assert_close(top.total, full.total)
+    partial = top_k_distillation_loss(
+        student, *teacher.topk(3, dim=-1), labels, temperature=1, alpha_kd=1, alpha_hard=0
+    )
+    assert float(partial.kd) >= 0
+
+
+def _config(**overrides: object) -> distil_lm.DistilLMConfig:
+    settings: dict = {
+        "layers": 2,
+        "steps": 6,
+        "batch_size": 2,
+        "lr": 3e-3,
+        "warmup_steps": 1,
+        "alpha_hard": 0.1,
+    }
+    return distil_lm.DistilLMConfig(**{**settings, **overrides})
+
+
+def _mean_kd(student, blocks: lm_cache.CachedBlocks, config: distil_lm.DistilLMConfig) -> float:
+    with torch.no_grad():
+        return float(distil_lm.cached_kd_loss(student, blocks.batch(np.arange(len(blocks))), config).kd)
+
+
+def test_training_from_the_cache_lowers_the_distillation_loss(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    _cache(teacher, tokenizer, text, tmp_path / "cache")
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+    config = _config(steps=15)
+    torch.manual_seed(0)
+    student = distil_lm.student_from_teacher(teacher, config)
+    before = _mean_kd(student, blocks, config)
+    assert distil_lm.train(student, blocks, config, tmp_path / "run") == 15
+    assert _mean_kd(student, blocks, config) < 0.85 * before
+    assert (tmp_path / "run" / distil_lm.CHECKPOINT).exists()
+
+
+def test_interrupted_training_resumes_to_the_same_weights(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    _cache(teacher, tokenizer, text, tmp_path / "cache")
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+
+    def run(out: Path, stop: int | None) -> distil_lm.PreTrainedModel:
+        config = _config()
+        student = distil_lm.student_from_teacher(teacher, config)
+        distil_lm.train(student, blocks, config, out, stop_after_steps=stop, checkpoint_every=100)
+        return student
+
+    def step(out: Path) -> object:
+        state = distil_lm.load_checkpoint(out)
+        return None if state is None else state["step"]
+
+    whole = run(tmp_path / "whole", None)
+    assert step(tmp_path / "whole") == 6
+    run(tmp_path / "parts", 4)
+    assert step(tmp_path / "parts") == 4
+    resumed = run(tmp_path / "parts", None)  # a fresh student: all state comes from the checkpoint
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_micro_batches_cover_each_epoch_once() -> None:
+    rows = np.concatenate([distil_lm.micro_batch_rows(i, 3, 7, seed=0) for i in range(7)])  # 3 epochs of 7
+    for epoch in range(3):
+        assert sorted(rows[epoch * 7 : epoch * 7 + 7]) == list(range(7))
+    assert not np.array_equal(rows[:7], rows[7:14])
+
+
+def test_perplexity_matches_a_direct_computation(teacher) -> None:
+    blocks = torch.randint(0, teacher.config.vocab_size, (5, 12))
+    result = distil_lm.perplexity(teacher, blocks, batch_size=2)
+    with torch.no_grad():
+        logits = teacher(input_ids=blocks).logits[:, :-1]
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), blocks[:, 1:].reshape(-1))
+    assert result["tokens"] == 5 * 11
+    assert math.isclose(result["perplexity"], math.exp(float(nll)), rel_tol=1e-5)
+
+
+def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) -> None:
+    teacher_dir = build_tiny_llama(tmp_path / "teacher")
+    runner = CliRunner()
+    cache, out = tmp_path / "cache", tmp_path / "student"
+    common = ["--teacher", str(teacher_dir), "--threads", "1"]
+    result = runner.invoke(
+        app,
+        [
+            "lm-cache",
+            *common,
+            "--train",
+            str(text),
+            "--out",
+            str(cache),
+            "--block-size",
+            str(BLOCK),
+            "--top-k",
+            str(K),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    train = [
+        "distil-lm",
+        *common,
+        "--cache",
+        str(cache),
+        "--out",
+        str(out),
+        "--layers",
+        "1",
+        "--batch-size",
+        "2",
+    ]
+    result = runner.invoke(app, [*train, "--steps", "3", "--time-limit", "0"])  # stops after one step
+    assert result.exit_code == 0, result.output
+    assert "step 1/3" in result.output and "run again" in result.output
+    result = runner.invoke(app, [*train, "--steps", "99"])  # resumes: the checkpoint's settings win
+    assert result.exit_code == 0, result.output
+    assert "resuming" in result.output and "step 3/3 (done)" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "eval-lm",
+            *common,
+            "--student",
+            str(out),
+            "--eval",
+            str(text),
+            "--block-size",
+            str(BLOCK),
+            "--eval-blocks",
+            "3",
+            "--decode-tokens",
+            "2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "student/teacher perplexity" in result.output
+    assert (out / "lm_eval.json").exists() and (out / "config.json").exists()

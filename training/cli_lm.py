@@ -1,0 +1,262 @@
+"""`python -m training lm-cache | distil-lm | eval-lm`: a causal-LM student from a cache of teacher logits.
+
+Three steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
+(training/lm_cache.py), train the student from it (training/distil_lm.py), then score both models on the
+same eval blocks, perplexity and speed side by side in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import typer
+from rich.console import Console
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from common.progress import ProgressLog
+from training import distil_lm, lm_cache
+from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
+from training.data.loaders import load_text_data
+from training.models import count_parameters
+
+CpuOpt = typer.Option(False, "--cpu", help="Run on CPU even when a GPU is present.")
+TimeLimitOpt = typer.Option(
+    None, "--time-limit", min=0.0, help="Stop (everything written, resumable) after this many minutes."
+)
+
+
+def _device(cpu: bool) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
+
+
+def _load(path: str | Path, device: torch.device) -> PreTrainedModel:
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.to(device).eval()  # type: ignore[arg-type]
+
+
+@app.command(name="lm-cache")
+def lm_cache_command(
+    teacher: Path = typer.Option(
+        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
+    ),
+    train: Path = typer.Option(
+        ..., "--train", exists=True, dir_okay=False, help="Plain text, one paragraph a line."
+    ),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Cache directory (created, or continued)."),
+    top_k: int = typer.Option(64, "--top-k", min=1, help="Teacher logits kept per position."),
+    block_size: int = typer.Option(256, "--block-size", min=8, help="Tokens per block."),
+    blocks: int | None = typer.Option(None, "--blocks", min=1, help="Cache this many blocks (default: all)."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per teacher forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the block order."),
+    time_limit: float | None = TimeLimitOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Run the teacher once over the text and keep its top-k logits (fp16) and ids (int32), memory-mapped."""
+    _check_out(out, str(teacher), "teacher")
+    _setup_threads(threads)
+    console = Console(stderr=True)
+    with _user_errors():
+        model = _load(teacher, _device(cpu))
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        started = time.monotonic()
+        done_before = lm_cache.blocks_done(out) if (out / "meta.json").exists() else 0
+        with ProgressLog("lm-cache", blocks, unit="blocks", completed=done_before, active=True) as log:
+            done = lm_cache.build_cache(
+                model,
+                tokenizer,
+                train,
+                out,
+                teacher_name=str(teacher),
+                block_size=block_size,
+                top_k=top_k,
+                seed=seed,
+                max_blocks=blocks,
+                batch_size=batch_size,
+                time_limit_s=None if time_limit is None else time_limit * 60,
+                progress=lambda n, total: log.update(completed=n, status=f"of {total}"),
+            )
+    seconds = time.monotonic() - started
+    meta = lm_cache.read_meta(out)
+    new_tokens = (done - done_before) * block_size
+    console.print(
+        f"{out}: {done}/{meta.num_blocks} blocks of {block_size} tokens cached (top {top_k}); "
+        f"this session {done - done_before} blocks in {seconds:.0f} s "
+        f"({new_tokens / max(seconds, 1e-9):.0f} teacher tokens/s)",
+        soft_wrap=True,
+    )
+
+
+@app.command(name="distil-lm")
+def distil_lm_command(
+    teacher: Path = typer.Option(
+        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
+    ),
+    cache: Path = typer.Option(..., "--cache", exists=True, file_okay=False, help="A cache from lm-cache."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Student HF directory and its checkpoint."),
+    layers: int = typer.Option(10, "--layers", min=1, help="Student depth."),
+    layer_map: str | None = typer.Option(None, "--layer-map", help="Teacher layers to copy, e.g. 0,3,6."),
+    steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps of the whole run."),
+    batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per micro-batch."),
+    grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step."),
+    lr: float = typer.Option(3e-4, "--lr", min=0.0, help="Peak learning rate (AdamW)."),
+    warmup_steps: int = typer.Option(20, "--warmup-steps", min=0),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.01),
+    alpha_kd: float = typer.Option(1.0, "--alpha-kd", min=0.0),
+    alpha_hard: float = typer.Option(0.0, "--alpha-hard", min=0.0),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Use the first k cached logits (0: all)."),
+    seed: int = typer.Option(0, "--seed"),
+    checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
+    time_limit: float | None = TimeLimitOpt,
+    bf16: bool = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU)."),
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Train a shallower student from the teacher's cached top-k logits; run again to resume (the
+    checkpoint's settings win over the flags)."""
+    _check_out(out, str(teacher), "teacher")
+    _setup_threads(threads)
+    console = Console(stderr=True)
+    with _user_errors():
+        torch.manual_seed(seed)
+        device = _device(cpu)
+        state = distil_lm.load_checkpoint(out)
+        if state is not None:
+            config = distil_lm.DistilLMConfig(**state["config"])  # type: ignore[arg-type]
+            console.print(f"resuming {out} at step {state['step']}/{config.steps}", soft_wrap=True)
+        else:
+            config = distil_lm.DistilLMConfig(
+                layers=layers,
+                layer_map=list(_parse_layer_map(layer_map) or ()),
+                steps=steps,
+                batch_size=batch_size,
+                grad_accum=grad_accum,
+                lr=lr,
+                warmup_steps=warmup_steps,
+                temperature=temperature,
+                alpha_kd=alpha_kd,
+                alpha_hard=alpha_hard,
+                top_k=top_k,
+                seed=seed,
+                bf16=bf16,
+            )
+        teacher_model = _load(teacher, torch.device("cpu"))
+        student = distil_lm.student_from_teacher(teacher_model, config)
+        student.to(device)  # type: ignore[arg-type]
+        del teacher_model
+        blocks = lm_cache.open_cache(cache, config.num_blocks or None)
+        started = time.monotonic()
+        with ProgressLog(
+            "distil-lm",
+            config.steps,
+            completed=int(state["step"]) if state else 0,  # type: ignore[call-overload]
+            active=True,
+        ) as log:
+
+            def report(step: int, terms: dict[str, float]) -> None:
+                log.update(completed=step, status=", ".join(f"{k} {v:.4g}" for k, v in terms.items()))
+
+            step = distil_lm.train(
+                student,
+                blocks,
+                config,
+                out,
+                checkpoint_every=checkpoint_every,
+                time_limit_s=None if time_limit is None else time_limit * 60,
+                log=report,
+            )
+        student.save_pretrained(out)
+        AutoTokenizer.from_pretrained(teacher).save_pretrained(out)
+        distil_lm.write_json(
+            out / "train_state.json",
+            {
+                "step": step,
+                "config": asdict(config),
+                "teacher": str(teacher),
+                "cache": str(cache),
+                "student_params": count_parameters(student),
+                "session_seconds": round(time.monotonic() - started, 1),
+            },
+        )
+    console.print(
+        f"{out}: step {step}/{config.steps} ({'done' if step >= config.steps else 'run again to continue'}); "
+        f"{config.layers} layers {config.layer_map}, {count_parameters(student):,} parameters",
+        soft_wrap=True,
+    )
+
+
+@app.command(name="eval-lm")
+def eval_lm_command(
+    teacher: Path = typer.Option(
+        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
+    ),
+    student: Path = typer.Option(
+        ..., "--student", exists=True, file_okay=False, help="Student HF directory."
+    ),
+    eval_file: Path = typer.Option(
+        ..., "--eval", exists=True, dir_okay=False, help="Plain text (e.g. valid)."
+    ),
+    block_size: int = typer.Option(256, "--block-size", min=8),
+    eval_blocks: int | None = typer.Option(
+        None, "--eval-blocks", min=1, help="First N blocks (default: all)."
+    ),
+    batch_size: int = typer.Option(4, "--batch-size", min=1),
+    decode_tokens: int = typer.Option(
+        32, "--decode-tokens", min=1, help="Greedy tokens for the decode speed."
+    ),
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Perplexity of teacher and student on the same blocks of the eval text (in text order), and their
+    speed side by side in this process: forward tokens/s over those blocks, greedy decode tokens/s."""
+    _setup_threads(threads)
+    console = Console()
+    with _user_errors():
+        device = _device(cpu)
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        tokens = lm_cache.token_blocks(load_text_data(eval_file).lines, tokenizer, block_size, seed=None)
+        blocks = torch.from_numpy(np.asarray(tokens[:eval_blocks], dtype=np.int64))
+        prompt = blocks[:1, :16]
+        scores: dict[str, dict[str, float]] = {}
+        for name, path in (("teacher", teacher), ("student", student)):
+            model = _load(path, device)
+            with ProgressLog(f"eval-lm {name}", active=True):
+                ppl = distil_lm.perplexity(model, blocks, batch_size)
+                decode = distil_lm.decode_speed(model, prompt, decode_tokens)
+            scores[name] = {
+                **ppl,
+                "decode_tokens_per_s": decode["tokens_per_s"],
+                "layers": int(model.config.num_hidden_layers),
+                "params": count_parameters(model),
+            }
+            del model
+    t, s = scores["teacher"], scores["student"]
+    summary = {
+        "eval": str(eval_file),
+        "eval_blocks": len(blocks),
+        "block_size": block_size,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        **scores,
+        "perplexity_ratio": s["perplexity"] / t["perplexity"],
+        "forward_speedup": s["tokens_per_s"] / t["tokens_per_s"],
+        "decode_speedup": s["decode_tokens_per_s"] / t["decode_tokens_per_s"],
+    }
+    distil_lm.write_json(student / "lm_eval.json", summary)
+    for name, row in scores.items():
+        console.print(
+            f"{name}: {row['layers']:.0f} layers, perplexity {row['perplexity']:.2f}, forward "
+            f"{row['tokens_per_s']:.0f} tokens/s, decode {row['decode_tokens_per_s']:.1f} tokens/s",
+            soft_wrap=True,
+        )
+    console.print(
+        f"student/teacher perplexity {s['perplexity'] / t['perplexity']:.3f}; speed-up forward "
+        f"{s['tokens_per_s'] / t['tokens_per_s']:.2f}x, decode "
+        f"{s['decode_tokens_per_s'] / t['decode_tokens_per_s']:.2f}x "
+        f"({len(blocks)} blocks x {block_size} tokens of {eval_file})",
+        soft_wrap=True,
+    )

@@ -1,0 +1,241 @@
+"""A shallower causal LM distilled from a cache of its teacher's top-k logits (training/lm_cache.py).
+
+Read top to bottom: the run's settings, the student cut from the teacher, the data order, the learning rate,
+one loop that checkpoints and resumes, then perplexity and speed for both models.
+
+Resuming: `checkpoint.pt` in the output directory holds the student, the optimiser, the step and the
+settings. Which blocks a step reads and its learning rate are functions of the step alone, so a run stopped
+at step s and started again gives the same weights as one that never stopped. The number of cache blocks
+is fixed at the first start: a cache grown later does not change a resumed run's data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from training.lm_cache import CachedBlocks
+from training.losses import LossTerms, top_k_distillation_loss
+from training.models import default_layer_map, make_student
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class DistilLMConfig:
+    """One distillation run; saved in the checkpoint so a resumed run continues the same one."""
+
+    layers: int = 10
+    layer_map: list[int] = field(default_factory=list)  # empty: spread evenly (models.default_layer_map)
+    steps: int = 1000  # the whole run (the learning-rate schedule spans it); a session may stop earlier
+    batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    temperature: float = 1.0
+    alpha_kd: float = 1.0
+    alpha_hard: float = 0.0
+    top_k: int = 0  # 0: every logit the cache holds
+    seed: int = 0
+    num_blocks: int = 0  # cache blocks used, fixed at the first start
+    bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
+
+
+# --------------------------------------------------------------------------- student
+
+
+def student_from_teacher(teacher: PreTrainedModel, config: DistilLMConfig) -> PreTrainedModel:
+    """Embeddings, final norm and (tied) head copied; layer i is teacher layer layer_map[i]."""
+    if not config.layer_map:
+        config.layer_map = default_layer_map(int(teacher.config.num_hidden_layers), config.layers)
+    return make_student(teacher, config.layers, config.layer_map)
+
+
+# --------------------------------------------------------------------------- data order and schedule
+
+
+def micro_batch_rows(index: int, batch_size: int, num_blocks: int, seed: int) -> np.ndarray:
+    """The cache rows of micro-batch `index`: epochs are seeded permutations laid end to end."""
+    positions = index * batch_size + np.arange(batch_size)
+    epochs, offsets = positions // num_blocks, positions % num_blocks
+    orders = {int(e): np.random.default_rng([seed, int(e)]).permutation(num_blocks) for e in set(epochs)}
+    return np.array([orders[int(e)][o] for e, o in zip(epochs, offsets, strict=True)])
+
+
+def learning_rate(step: int, config: DistilLMConfig) -> float:
+    """Linear warm-up, then cosine down to a tenth of the peak at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def cached_kd_loss(
+    model: PreTrainedModel, batch: dict[str, torch.Tensor], config: DistilLMConfig
+) -> LossTerms:
+    """Position i's logits against the teacher's top k at i and the token at i + 1 (blocks are full)."""
+    ids = batch["input_ids"]
+    logits = model(input_ids=ids).logits[:, :-1]
+    return top_k_distillation_loss(
+        logits,
+        batch["values"][:, :-1],
+        batch["indices"][:, :-1],
+        ids[:, 1:],
+        temperature=config.temperature,
+        alpha_kd=config.alpha_kd,
+        alpha_hard=config.alpha_hard,
+    )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _save(path: Path, state: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint whole
+
+
+def load_checkpoint(out: Path) -> dict[str, object] | None:
+    path = Path(out) / CHECKPOINT
+    return torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+
+
+def train(
+    student: PreTrainedModel,
+    blocks: CachedBlocks,
+    config: DistilLMConfig,
+    out: Path,
+    *,
+    checkpoint_every: int = 50,
+    time_limit_s: float | None = None,
+    stop_after_steps: int | None = None,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+) -> int:
+    """Train `student` from the cache up to `config.steps`, resuming from out/checkpoint.pt if there.
+
+    Checkpoints every `checkpoint_every` steps and whenever it stops: at the end, after `time_limit_s`
+    seconds, or after `stop_after_steps` steps of this session (tests). Returns the step reached.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = next(student.parameters()).device
+    decay = [p for p in student.parameters() if p.dim() >= 2]
+    no_decay = [p for p in student.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+    )
+    step = 0
+    state = load_checkpoint(out)
+    if state is not None:
+        student.load_state_dict(state["model"])  # type: ignore[arg-type]
+        optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        step = int(state["step"])  # type: ignore[call-overload]
+    if not config.num_blocks:
+        config.num_blocks = len(blocks)
+    if config.num_blocks > len(blocks):
+        raise ValueError(f"the run uses {config.num_blocks} cache blocks, the cache has {len(blocks)}")
+
+    def checkpoint() -> None:
+        _save(
+            out / CHECKPOINT,
+            {
+                "model": student.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "config": asdict(config),
+            },
+        )
+
+    student.train()
+    started, session_steps = time.monotonic(), 0
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16)
+    while step < config.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        totals = {"loss": 0.0, "kd": 0.0, "hard": 0.0}
+        for micro in range(config.grad_accum):
+            rows = micro_batch_rows(
+                step * config.grad_accum + micro, config.batch_size, config.num_blocks, config.seed
+            )
+            batch = {k: v.to(device) for k, v in blocks.batch(rows, config.top_k or None).items()}
+            with autocast:
+                terms = cached_kd_loss(student, batch, config)
+            (terms.total / config.grad_accum).backward()
+            for name, value in zip(("loss", "kd", "hard"), terms[:3], strict=True):
+                totals[name] += float(value.detach()) / config.grad_accum
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        session_steps += 1
+        if log is not None:
+            log(step, {**totals, "lr": learning_rate(step - 1, config)})
+        if step % checkpoint_every == 0:
+            checkpoint()
+        if stop_after_steps is not None and session_steps >= stop_after_steps:
+            break
+        if time_limit_s is not None and time.monotonic() - started >= time_limit_s:
+            break
+    checkpoint()
+    student.eval()
+    return step
+
+
+# --------------------------------------------------------------------------- evaluation and speed
+
+
+@torch.inference_mode()
+def perplexity(model: PreTrainedModel, blocks: torch.Tensor, batch_size: int = 8) -> dict[str, float]:
+    """exp(mean NLL) of every token after the first of each full block [N, L]; and the forward tokens/s."""
+    model.eval()
+    device = next(model.parameters()).device
+    nll_sum, count = 0.0, 0
+    started = time.perf_counter()
+    for start in range(0, len(blocks), batch_size):
+        ids = blocks[start : start + batch_size].to(device)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        nll_sum += float(
+            F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
+        )
+        count += ids[:, 1:].numel()
+    seconds = time.perf_counter() - started
+    nll = nll_sum / count
+    return {
+        "perplexity": math.exp(nll),
+        "nll": nll,
+        "tokens": count,
+        "seconds": seconds,
+        "tokens_per_s": blocks.numel() / seconds,
+    }
+
+
+@torch.inference_mode()
+def decode_speed(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int = 32) -> dict[str, float]:
+    """Greedy decoding at one stream with the KV cache: new tokens/s (what a served model feels like)."""
+    model.eval()
+    ids = prompt.to(next(model.parameters()).device)
+    model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # type: ignore[operator]  # warm-up
+    started = time.perf_counter()
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)  # type: ignore[operator]
+    seconds = time.perf_counter() - started
+    return {"new_tokens": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds}
+
+
+def write_json(path: Path, data: object) -> None:
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
