@@ -20,6 +20,7 @@ from common.cli import cli_app, print_error
 from common.progress import ProgressLog
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
+from training.general import general_distill
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import PRESETS
 from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
@@ -369,6 +370,14 @@ def distill_command(
     checkpoint_dir: Path | None = CheckpointDirOpt,
     checkpoint_every: int | None = CheckpointEveryOpt,
     resume: str | None = ResumeOpt,
+    student_init: Path | None = typer.Option(
+        None,
+        "--student-init",
+        exists=True,
+        file_okay=False,
+        help="Start from this student (e.g. general-distill's output) instead of cutting one from the "
+        "teacher; its depth and layer map replace --layers/--layer-map.",
+    ),
 ) -> None:
     """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
     task = _check_task(task)
@@ -415,7 +424,80 @@ def distill_command(
             student=student,
             cfg=cfg,
             max_length=max_length,
+            student_init=student_init,
             console=console,
+        )
+
+
+@app.command(name="general-distill")
+def general_distill_command(
+    teacher: str = typer.Option(..., "--teacher", help="Trained teacher: an HF directory (or hub id)."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Output HF model directory (the student)."),
+    task: str = TaskOpt,
+    train: Path | None = typer.Option(
+        None, "--train", exists=True, dir_okay=False, help="Unlabelled plain text, one paragraph a line."
+    ),
+    eval: Path | None = typer.Option(
+        None, "--eval", exists=True, dir_okay=False, help="Held-out plain text the alignment is scored on."
+    ),
+    layers: int = typer.Option(2, "--layers", min=1, help="Student depth."),
+    layer_map: str | None = typer.Option(None, "--layer-map", help="Teacher layers to copy, e.g. 0,2,5."),
+    hidden_loss: str = typer.Option("mse", "--hidden-loss", help="cosine or mse (TinyBERT's)."),
+    epochs: int = typer.Option(1, "--epochs", min=1, help="Passes over the text."),
+    lr: float = typer.Option(1e-4, "--lr", min=0.0, help="Peak learning rate."),
+    batch_size: int = BatchOpt,
+    seed: int = SeedOpt,
+    max_length: int = MaxLenOpt,
+    grad_accum: int = AccumOpt,
+    warmup_ratio: float = WarmupOpt,
+    weight_decay: float = DecayOpt,
+    max_steps: int | None = MaxStepsOpt,
+    dropout: float | None = DropoutOpt,
+    mixed_precision: str = PrecisionOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """General distillation: a student cut from the teacher learns to reproduce the teacher's hidden
+    states on unlabelled text, before any task data; then `distill --student-init OUT` (TinyBERT's two
+    stages)."""
+    task = _check_task(task)
+    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    _check_out(out, teacher, "--teacher")
+    student = distill_config(
+        task,
+        layers=layers,
+        layer_map=_parse_layer_map(layer_map),
+        hidden_loss=_check_hidden_loss(hidden_loss),
+    )
+    _setup_threads(threads)
+    with _user_errors():
+        cfg = _train_config(
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            grad_accum=grad_accum,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            max_steps=max_steps,
+            dropout=dropout,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            early_stop_patience=None,
+            checkpoint_dir=None,
+            checkpoint_every=None,
+            resume=None,
+        )
+        general_distill(
+            task,
+            teacher,
+            train_path,
+            eval_path,
+            out,
+            student=student,
+            cfg=cfg,
+            max_length=max_length,
+            console=Console(),
         )
 
 

@@ -22,6 +22,7 @@ from common.provenance import sha256_of
 
 DISTILL_REPORT = "distill_report.json"
 TRAIN_REPORT = "train_report.json"
+GENERAL_REPORT = "general_report.json"  # a student after general distillation (training/general.py)
 
 
 def now() -> str:

@@ -35,6 +35,7 @@ from training.models import (
 from training.recipes import DistillConfig
 from training.report import (
     DISTILL_REPORT,
+    GENERAL_REPORT,
     TRAIN_REPORT,
     file_sha256,
     latency_ms,
@@ -109,7 +110,7 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def _check_local(source: str | Path) -> None:
+def check_local(source: str | Path) -> None:
     """A path that is not a directory would otherwise surface as a puzzling hub-id error."""
     text = str(source)
     looks_local = text.startswith(("/", ".", "~")) or text.count("/") > 1 or Path(text).exists()
@@ -117,7 +118,7 @@ def _check_local(source: str | Path) -> None:
         raise ValueError(f"{text}: no such model directory (expected an HF model dir or a hub id)")
 
 
-def _fast_tokenizer(source: str | Path) -> PreTrainedTokenizerFast:
+def fast_tokenizer(source: str | Path) -> PreTrainedTokenizerFast:
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise ValueError(f"{source}: needs a fast tokenizer (tokenizer.json) so the service can load it")
@@ -237,8 +238,8 @@ def train_teacher(
         tokenizer = _new_tokenizer(task, source, task.texts(train_data), vocab_size)
         console.print(f"trained a {type(tokenizer).__name__} vocabulary of {len(tokenizer)} tokens")
     else:
-        _check_local(source)
-        tokenizer = _fast_tokenizer(source)
+        check_local(source)
+        tokenizer = fast_tokenizer(source)
     model = load_teacher(
         source,
         task.TASK,
@@ -291,6 +292,15 @@ def cut_student(teacher: PreTrainedModel, student: DistillConfig) -> tuple[PreTr
     return make_student(teacher, student.layers, layer_map, student.hidden_size), layer_map
 
 
+def resume_student(source: str | Path, task: str) -> tuple[PreTrainedModel, list[int] | None]:
+    """A student trained by an earlier stage (general distillation), and the teacher layers it stands for:
+    as its general_report.json records them, else spread over the depth as a cut would have."""
+    check_local(source)
+    model = load_trained(str(source), task)
+    report = read_report(source, GENERAL_REPORT) or {}
+    return model, report.get("student", {}).get("layer_map")
+
+
 def distill(
     task_name: str,
     teacher_source: str | Path,
@@ -301,27 +311,40 @@ def distill(
     student: DistillConfig,
     cfg: TrainConfig,
     max_length: int = 128,
+    student_init: str | Path | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Distil a student from a trained teacher (local dir or hub id); both are scored on the same eval
-    split. Saves the student with the teacher's tokenizer and `distill_report.json`. Returns the report."""
+    split. Saves the student with the teacher's tokenizer and `distill_report.json`. Returns the report.
+
+    `student_init`: start from a student an earlier stage trained (`python -m training general-distill`)
+    instead of cutting one from the teacher; its depth and layer map replace `student`'s."""
     console = console or Console()
     set_seed(cfg.seed)  # a narrower student and a projection start from fresh weights
     task = get_task(task_name)
     cfg = _watch_task_metric(cfg, task)
     train_data, eval_data = _training_data(task, train_path), task.load_data(eval_path)
-    _check_local(teacher_source)
-    tokenizer = _fast_tokenizer(teacher_source)
+    check_local(teacher_source)
+    tokenizer = fast_tokenizer(teacher_source)
     teacher = load_trained(str(teacher_source), task.TASK)
     max_length = min(max_length, int(teacher.config.max_position_embeddings))
 
-    model, layer_map = cut_student(teacher, student)
+    if student_init is None:
+        model, layer_map = cut_student(teacher, student)
+    else:
+        model, layer_map = resume_student(student_init, task.TASK)
+        student = replace(
+            student,
+            layers=int(model.config.num_hidden_layers),
+            layer_map=None if layer_map is None else tuple(layer_map),
+            hidden_size=int(model.config.hidden_size),
+        )
     alignment = (
         make_alignment(model, teacher, layer_map, student.hidden_loss) if student.alpha_hidden > 0 else None
     )
     origin = (
         f"teacher layers {layer_map}" if layer_map is not None else f"config (hidden {student.hidden_size})"
-    )
+    ) + ("" if student_init is None else f", trained further by {student_init}")
     console.print(
         f"[bold]student[/] {student.layers} layers from {origin}: "
         f"{count_parameters(model):,} params (teacher {count_parameters(teacher):,})"
@@ -357,6 +380,7 @@ def distill(
         "student": {
             **_model_record(model, metrics, task),
             "layer_map": layer_map,
+            "initialised_from": None if student_init is None else str(student_init),
             "aligned_teacher_layers": list(alignment.teacher_layers) if alignment is not None else None,
         },
         "agreement": agreement,
