@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,22 @@ VARIANT_DEVICE = {"fp32": "any", "optimized": "cpu", "int8": "cpu", "fp16": "gpu
 ALL_VARIANTS = tuple(VARIANT_FILES)
 
 
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How `build_int8` quantizes: which weights, at what grain; benchmarks/int8_recipes.py compares them."""
+
+    name: str = "dynamic"
+    per_channel: bool = True  # a scale per output channel of each weight, not one per tensor
+    reduce_range: bool = True  # 7-bit weights (see build_int8)
+    embeddings: bool = True  # also the embedding tables (Gather), except one tied to the output head
+    # Nodes whose name one of these regular expressions finds stay fp32 (e.g. r"layer\.\d+/output/dense/":
+    # BERT's feed-forward down projection, whose input is the GELU output with its outlier channels).
+    keep_fp32: tuple[str, ...] = ()
+
+
+DEFAULT_INT8 = Int8Recipe()
+
+
 def build_optimized(export_dir: Path, out: Path) -> None:
     """ORT's offline transformer fusions (level 2: attention, layer-norm, GELU) for CPU serving."""
     from optimum.onnxruntime import ORTOptimizer
@@ -34,7 +52,7 @@ def build_optimized(export_dir: Path, out: Path) -> None:
     shutil.move(work / "model_optimized.onnx", out)
 
 
-def build_int8(fp32: Path, out: Path) -> None:
+def build_int8(fp32: Path, out: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None:
     """Dynamic int8 of the plain export (quantizing an optimized graph fails, see FACTS.md): the weights
     of the matrix multiplies, per output channel on 7 bits, and the embedding tables.
 
@@ -56,14 +74,15 @@ def build_int8(fp32: Path, out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rewritten = Path(tmp) / "model.onnx"
         onnx.save(model, str(rewritten))
+        kept = [n.name for n in model.graph.node if any(re.search(p, n.name) for p in recipe.keep_fp32)]
         quantize_dynamic(
             rewritten,
             out,
             weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul", "Gather"],
-            nodes_to_exclude=tied_embedding_lookups(model.graph),
-            per_channel=True,
-            reduce_range=True,
+            op_types_to_quantize=["MatMul", "Gather"] if recipe.embeddings else ["MatMul"],
+            nodes_to_exclude=tied_embedding_lookups(model.graph) + kept,
+            per_channel=recipe.per_channel,
+            reduce_range=recipe.reduce_range,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.variants import build_int8, gemms_as_matmuls
+from export.variants import Int8Recipe, build_int8, gemms_as_matmuls
 from tests.conftest import TASK_MODEL_NAMES
 
 
@@ -81,3 +82,25 @@ def test_int8_quantizes_gpt2_layers_but_not_attention_or_the_tied_head(
     kept = [t for t in tables if not t.endswith("_quantized")]
     assert len(kept) == 1 and uses[kept[0]] > 1  # the token table, tied to the output head: stays fp32
     assert sum(t.endswith("_quantized") for t in tables) == 1  # the position table, read by its lookup alone
+
+
+def test_an_int8_recipe_leaves_the_nodes_it_names_and_the_tables_in_fp32(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    fp32 = tiny_repository / TASK_MODEL_NAMES["text-classification"] / "1" / "model.onnx"
+    ffn_down = r"layer\.\d+/output/dense/"  # BERT's feed-forward down projection, not attention's output
+    recipe = Int8Recipe("test", keep_fp32=(ffn_down,), embeddings=False, per_channel=False)
+    build_int8(fp32, tmp_path / "int8.onnx", recipe)
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    weights = {init.name for init in graph.initializer}
+    weighted = [n for n in graph.node if n.op_type == "MatMul" and set(n.input) & weights]
+    assert {re.sub(r"\d+", "N", n.name) for n in weighted} == {"/bert/encoder/layer.N/output/dense/MatMul"}
+    named = sum(
+        n.op_type == "MatMul" and bool(re.search(ffn_down, n.name)) for n in onnx.load(str(fp32)).graph.node
+    )
+    assert len(weighted) == named > 0  # every one the pattern names, in every layer
+    assert not any(n.op_type == "Gather" and n.input[0].endswith("_quantized") for n in graph.node)
+    scales = [i for i in graph.initializer if i.name.endswith("_scale") and "MatMul" in i.name]
+    assert scales and all(len(s.dims) == 0 for s in scales)  # per tensor: one scale a weight
+    attention_out = [n for n in graph.node if n.op_type == "MatMulInteger" and "attention/output" in n.name]
+    assert attention_out  # the pattern did not catch attention's output projection
