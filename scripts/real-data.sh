@@ -17,7 +17,8 @@
 # manifest (served as /v1/chat/completions).
 # smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
 # norm copied) distilled on WikiText-2 train from a cache of the teacher's top-64 logits in
-# build/real/smollm2/cache, then both scored on WikiText-2 valid (perplexity, forward and decode tokens/s).
+# build/real/smollm2/cache, then both scored on WikiText-2 valid (perplexity, next-token agreement, forward
+# and decode tokens/s) and the student exported beside its teacher as smollm2 (its manifest names the teacher).
 # Every step resumes: run it again and the cache and the training continue where they stopped. Knobs:
 # LM_BLOCKS (blocks of 256 tokens to cache, 400; all of train is 9720), LM_STEPS (optimiser steps of the
 # whole run, 120, 4 blocks each), LM_MINUTES (stop each of the two long steps after this many minutes,
@@ -151,6 +152,8 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --alpha-kd 1 --alpha-hard 0 $bf16 $(lm_limit)
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$d/student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --batch-size 4
+  timed smollm2-student-export $PY -m export "$d/student" --task text-generation --name smollm2 \
+    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt"
 }
 
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file

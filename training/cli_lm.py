@@ -7,9 +7,11 @@ same eval blocks, perplexity and speed side by side in one process.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ from training import distil_lm, lm_cache
 from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
 from training.data.loaders import load_text_data
 from training.models import count_parameters
+from training.report import DISTILL_REPORT, file_sha256, now, write_report
 
 CpuOpt = typer.Option(False, "--cpu", help="Run on CPU even when a GPU is present.")
 TimeLimitOpt = typer.Option(
@@ -189,6 +192,38 @@ def distil_lm_command(
     )
 
 
+def distill_report(teacher: Path, student: Path, eval_file: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The scores in the shape of `distill`'s report (training.report), so that `python -m export` puts
+    the teacher, both perplexities and their agreement into the student's manifest, as for other tasks."""
+    t, s = summary["teacher"], summary["student"]
+    state = (
+        json.loads((student / "train_state.json").read_text())
+        if (student / "train_state.json").exists()
+        else {}
+    )
+    return {
+        "task": "text-generation",
+        "metric": "perplexity",
+        "higher_is_better": False,
+        "eval": {"source": str(eval_file), "examples": int(s["tokens"]), "sha256": file_sha256(eval_file)},
+        "recipe": {"stage": "distil-lm (cached top-k logits)", **state.get("config", {})},
+        "teacher": {
+            "source": str(teacher),
+            "score": t["perplexity"],
+            "params": t["params"],
+            "layers": t["layers"],
+        },
+        "student": {
+            "score": s["perplexity"],
+            "params": s["params"],
+            "layers": s["layers"],
+            "layer_map": state.get("config", {}).get("layer_map"),
+        },
+        "agreement": summary["agreement"],
+        "created_at": now(),
+    }
+
+
 @app.command(name="eval-lm")
 def eval_lm_command(
     teacher: Path = typer.Option(
@@ -222,10 +257,11 @@ def eval_lm_command(
         blocks = torch.from_numpy(np.asarray(tokens[:eval_blocks], dtype=np.int64))
         prompt = blocks[:1, :16]
         scores: dict[str, dict[str, float]] = {}
+        choices: dict[str, list[torch.Tensor]] = {"teacher": [], "student": []}
         for name, path in (("teacher", teacher), ("student", student)):
             model = _load(path, device)
             with ProgressLog(f"eval-lm {name}", active=True):
-                ppl = distil_lm.perplexity(model, blocks, batch_size)
+                ppl = distil_lm.perplexity(model, blocks, batch_size, choices[name])
                 decode = distil_lm.decode_speed(model, prompt, decode_tokens)
             scores[name] = {
                 **ppl,
@@ -235,6 +271,7 @@ def eval_lm_command(
             }
             del model
     t, s = scores["teacher"], scores["student"]
+    agreement = float((torch.cat(choices["teacher"]) == torch.cat(choices["student"])).float().mean())
     summary = {
         "eval": str(eval_file),
         "eval_blocks": len(blocks),
@@ -245,8 +282,10 @@ def eval_lm_command(
         "perplexity_ratio": s["perplexity"] / t["perplexity"],
         "forward_speedup": s["tokens_per_s"] / t["tokens_per_s"],
         "decode_speedup": s["decode_tokens_per_s"] / t["decode_tokens_per_s"],
+        "agreement": agreement,
     }
     distil_lm.write_json(student / "lm_eval.json", summary)
+    write_report(student, DISTILL_REPORT, distill_report(teacher, student, eval_file, summary))
     for name, row in scores.items():
         console.print(
             f"{name}: {row['layers']:.0f} layers, perplexity {row['perplexity']:.2f}, forward "
@@ -254,7 +293,8 @@ def eval_lm_command(
             soft_wrap=True,
         )
     console.print(
-        f"student/teacher perplexity {s['perplexity'] / t['perplexity']:.3f}; speed-up forward "
+        f"student/teacher perplexity {s['perplexity'] / t['perplexity']:.3f}, next-token agreement "
+        f"{agreement:.3f}; speed-up forward "
         f"{s['tokens_per_s'] / t['tokens_per_s']:.2f}x, decode "
         f"{s['decode_tokens_per_s'] / t['decode_tokens_per_s']:.2f}x "
         f"({len(blocks)} blocks x {block_size} tokens of {eval_file})",

@@ -201,8 +201,14 @@ def train(
 
 
 @torch.inference_mode()
-def perplexity(model: PreTrainedModel, blocks: torch.Tensor, batch_size: int = 8) -> dict[str, float]:
-    """exp(mean NLL) of every token after the first of each full block [N, L]; and the forward tokens/s."""
+def perplexity(
+    model: PreTrainedModel,
+    blocks: torch.Tensor,
+    batch_size: int = 8,
+    top1: list[torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """exp(mean NLL) of every token after the first of each full block [N, L]; and the forward tokens/s.
+    `top1`, when given, receives the model's next-token choice at those positions, batch by batch."""
     model.eval()
     device = next(model.parameters()).device
     nll_sum, count = 0.0, 0
@@ -214,6 +220,8 @@ def perplexity(model: PreTrainedModel, blocks: torch.Tensor, batch_size: int = 8
             F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
         )
         count += ids[:, 1:].numel()
+        if top1 is not None:
+            top1.append(logits.argmax(-1).cpu())
     seconds = time.perf_counter() - started
     nll = nll_sum / count
     return {

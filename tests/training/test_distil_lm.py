@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
+from export.pipeline import distillation_record
 from tests.tiny_models import CORPUS, build_tiny_llama, llama_bpe, tiny_llama
 from training import distil_lm, lm_cache
 from training.cli import app
@@ -242,3 +244,11 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     assert result.exit_code == 0, result.output
     assert "student/teacher perplexity" in result.output
     assert (out / "lm_eval.json").exists() and (out / "config.json").exists()
+    summary = json.loads((out / "lm_eval.json").read_text())
+    assert 0.0 <= summary["agreement"] <= 1.0
+    # export reads the pair from distill_report.json, as it does for the other tasks
+    record = distillation_record(out)
+    assert record is not None and record.metric == "perplexity"
+    assert record.teacher.score == summary["teacher"]["perplexity"]
+    assert record.student.score == summary["student"]["perplexity"]
+    assert record.agreement == summary["agreement"] and record.teacher.source == str(teacher_dir)
