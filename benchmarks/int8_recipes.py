@@ -29,7 +29,8 @@ app = cli_app(help="int8 recipes side by side on one exported model.")
 
 # What was tried (issue 27, point 6b): ORT dynamic quantization with weights per channel or per tensor, at
 # 7 or 8 bits, with and without the embedding tables, and with BERT's feed-forward down projection (the
-# MatMul after GELU) or every feed-forward MatMul left fp32.
+# MatMul after GELU) or every feed-forward MatMul left fp32; and weight-only 8-bit in blocks (MatMulNBits,
+# activations quantized per block at run time), which export tries when dynamic fails the gate.
 RECIPES = {
     "dynamic (default)": {},
     "8-bit weights": {"reduce_range": False},
@@ -38,6 +39,8 @@ RECIPES = {
     "FFN down fp32": {"keep_fp32": (r"layer\.\d+/output/dense/", "/mlp/down_proj/", "/mlp/c_proj/")},
     "FFN fp32": {"keep_fp32": (r"layer\.\d+/(intermediate|output)/dense/", "/mlp/")},
     "head fp32": {"keep_fp32": ("^/bert/pooler/", "^/classifier/", "^/qa_outputs/")},
+    "weight-only, blocks of 128": {"method": "weight-only", "block_size": 128},
+    "weight-only, blocks of 32": {"method": "weight-only", "block_size": 32},
 }
 
 

@@ -29,7 +29,7 @@ def _summary(result: ExportResult) -> Table:
     for r in result.variants:
         greedy = r.parity.greedy_match
         table.add_row(
-            r.variant,
+            r.variant if r.recipe is None else f"{r.variant} ({r.recipe})",
             f"{r.size_bytes / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
             f"{r.parity.top1_agreement:.4f}",
@@ -53,6 +53,8 @@ def _explain_skipped(result: ExportResult, eval_data: Path | None) -> None:
     for r in result.variants:
         if not r.passed:
             print_warning(f"{r.variant} not written: {'; '.join(r.problems)}")
+        elif r.tried:
+            print_warning(f"{r.variant} quantized {r.recipe}, the gate having refused {'; '.join(r.tried)}")
     trained, window = result.trained_length, result.max_length
     if trained is not None and window is not None and window > trained:
         print_warning(

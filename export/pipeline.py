@@ -18,7 +18,7 @@ from common.provenance import git_revision, sha256_of
 from export.chat import chat_spec
 from export.greedy import greedy_match
 from export.onnx_export import describe_graph, export_onnx
-from export.parity import BOUNDS, Feeds, Outputs, ParityReport, compare
+from export.parity import BOUNDS, NOT_CHECKED, Feeds, Outputs, ParityReport, compare
 from export.repository import write_version
 from export.tasks import (
     SPECS,
@@ -31,7 +31,16 @@ from export.tasks import (
     parity_extent,
     torch_outputs,
 )
-from export.variants import ALL_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION, build_variant
+from export.variants import (
+    ALL_VARIANTS,
+    INT8_RECIPES,
+    VARIANT_DEVICE,
+    VARIANT_FILES,
+    VARIANT_PRECISION,
+    Int8Recipe,
+    build_int8,
+    build_variant,
+)
 from service.manifest import (
     MODEL_NAME_PATTERN,
     DistillationRecord,
@@ -60,6 +69,8 @@ class VariantResult:
     problems: list[str]
     seconds: float
     size_bytes: int
+    recipe: str | None = None  # int8: the recipe this graph was quantized with (export.variants.Int8Recipe)
+    tried: list[str] = field(default_factory=list)  # int8: the recipes the gate refused first, and why
 
     @property
     def passed(self) -> bool:
@@ -192,6 +203,67 @@ def _prepare_parity(
     return _Parity(spec, model, layout, batches, reference, len(from_eval), prompts)
 
 
+def _judged(
+    variant: str, path: Path, seconds: float, parity: _Parity, progress: Callable[[str], None]
+) -> VariantResult:
+    progress(f"parity check: {variant} vs PyTorch")
+    report, problems = parity.judge(variant, path)
+    return VariantResult(variant, path, report, problems, seconds, path.stat().st_size)
+
+
+def _variant(
+    variant: str, export_dir: Path, fp32: Path, work: Path, parity: _Parity, progress: Callable[[str], None]
+) -> VariantResult:
+    """The variant built and judged; int8 with each of INT8_RECIPES in turn until the gate passes one. The
+    refusals are kept: in `tried` of the one that passed, as the problems when none did."""
+    if variant != "int8":
+        return _build_and_judge(variant, None, export_dir, fp32, work, parity, progress)
+    tried: list[str] = []
+    for recipe in INT8_RECIPES:
+        outcome = _build_and_judge(variant, recipe, export_dir, fp32, work, parity, progress)
+        if outcome.passed or any(problem.startswith(NOT_CHECKED) for problem in outcome.problems):
+            outcome.tried = tried  # without eval data, no recipe can be checked: one answer says so
+            return outcome
+        tried.append(f"{recipe.name}: {'; '.join(outcome.problems)}")
+    outcome.problems = tried
+    return outcome
+
+
+def _build_and_judge(
+    variant: str,
+    recipe: Int8Recipe | None,
+    export_dir: Path,
+    fp32: Path,
+    work: Path,
+    parity: _Parity,
+    progress: Callable[[str], None],
+) -> VariantResult:
+    """One variant (int8: with one recipe) built and judged; one that cannot be built is reported as such,
+    never silently dropped."""
+    started = time.perf_counter()
+    progress(f"building the {variant} variant" + (f" ({recipe.name})" if recipe else ""))
+    try:
+        if recipe is None:
+            path = build_variant(variant, export_dir, fp32, work)
+        else:
+            path = work / f"int8-{recipe.name}" / VARIANT_FILES[variant]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            build_int8(fp32, path, recipe)
+    except Exception as e:
+        problem = f"could not be built: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+        empty = ParityReport(max_abs_diff=float("inf"), top1_agreement=0.0, rows=0)
+        return VariantResult(
+            variant, work / VARIANT_FILES[variant], empty, [problem], 0.0, 0, recipe=_name(recipe)
+        )
+    outcome = _judged(variant, path, time.perf_counter() - started, parity, progress)
+    outcome.recipe = _name(recipe)
+    return outcome
+
+
+def _name(recipe: Int8Recipe | None) -> str | None:
+    return None if recipe is None else recipe.name
+
+
 def usage_problems(
     task: str,
     name: str,
@@ -261,28 +333,9 @@ def export_model(
         started = time.perf_counter()
         progress("exporting to ONNX")
         fp32 = export_onnx(model_dir, task, export_dir, opset)
-        built = {"fp32": (fp32, time.perf_counter() - started)}
+        result.variants.append(_judged("fp32", fp32, time.perf_counter() - started, parity, progress))
         for variant in [v for v in ALL_VARIANTS if v in variants and v != "fp32"]:
-            started = time.perf_counter()
-            progress(f"building the {variant} variant")
-            try:
-                path = build_variant(variant, export_dir, fp32, work)
-            except Exception as e:  # a variant that cannot be built is reported, never silently dropped
-                problem = (
-                    f"could not be built: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
-                )
-                empty = ParityReport(max_abs_diff=float("inf"), top1_agreement=0.0, rows=0)
-                result.variants.append(
-                    VariantResult(variant, work / VARIANT_FILES[variant], empty, [problem], 0.0, 0)
-                )
-                continue
-            built[variant] = (path, time.perf_counter() - started)
-        for variant, (path, seconds) in built.items():
-            progress(f"parity check: {variant} vs PyTorch")
-            report, problems = parity.judge(variant, path)
-            result.variants.append(
-                VariantResult(variant, path, report, problems, seconds, path.stat().st_size)
-            )
+            result.variants.append(_variant(variant, export_dir, fp32, work, parity, progress))
         passed = {r.variant: r for r in result.variants if r.passed}
         if "fp32" not in passed:
             return result  # nothing is written when the reference variant itself fails
@@ -333,6 +386,8 @@ def _manifest_builder(
             size_bytes=r.size_bytes,
             sha256=sha256_of(r.path),
             parity=r.parity.as_dict(),
+            recipe=r.recipe,
+            refused_recipes=r.tried,
         )
         for v, r in passed.items()
     }

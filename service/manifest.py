@@ -49,6 +49,8 @@ class VariantSpec(_Strict):
     size_bytes: int = Field(gt=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     parity: dict[str, float] = Field(default_factory=dict)
+    recipe: str | None = None  # how it was quantized (int8: export.variants.Int8Recipe's name)
+    refused_recipes: list[str] = Field(default_factory=list)  # recipes the parity gate refused first, and why
 
 
 class TokenizerSpec(_Strict):

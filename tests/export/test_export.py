@@ -8,15 +8,17 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from typer.testing import CliRunner
 
-from export import parity
+from export import parity, pipeline
 from export.cli import app
 from export.greedy import greedy_onnx, greedy_torch
 from export.pipeline import ExportError, export_model
 from export.tasks import generation_layout
+from export.variants import Int8Recipe
 from service.repository import read_version, scan_repository
 from service.runtime import choose_variant
 
@@ -313,7 +315,7 @@ def test_the_cli_says_what_the_gate_could_not_check_and_narrows_the_window(
     out = " ".join(unchecked.output.split())
     assert "no --eval-data: the parity gate compared random tokens only" in out
     assert "int8 not written: not checked: no eval data" in out
-    assert re.search(r"int8 \S+ \S+ \S+ random 21 ", out)  # what the summary's agreement was measured on
+    assert re.search(r"int8 \(dynamic\) \S+ \S+ \S+ random 21 ", out)  # the recipe, and what its agreement was measured on
     assert "trained on at most 16 tokens but the service will accept 64" in out
     assert read_version(tmp_path / "r" / "s" / "1").manifest.max_sequence_length == 64
 
@@ -354,3 +356,32 @@ def test_the_appending_decoder_builds_every_variant_within_its_gate(
     assert set(m.variants) == set(ALL_VARIANTS)
     assert m.variants["int8"].parity["eval_rows"] == 0  # the manifest says what it was checked on
     assert m.variants["fp32"].parity["greedy_match"] == 1.0
+
+
+def test_int8_falls_back_to_the_next_recipe_the_gate_passes(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe that fails (here: cannot even be built) does not cost the model its int8 variant while a
+    later one passes; the manifest says which recipe was written and why the first was refused."""
+    first, second = (
+        Int8Recipe("broken", method="nonexistent"),
+        Int8Recipe("weight-only", method="weight-only"),
+    )  # type: ignore[arg-type]
+    monkeypatch.setattr(pipeline, "INT8_RECIPES", (first, second))
+    eval_file = _eval_file("text-classification", tmp_path)
+    model = tiny_models["text-classification"]
+    result = export_model(model, "text-classification", "s", tmp_path, ("fp32", "int8"), eval_data=eval_file)
+    assert result.version_dir is not None
+    int8 = read_version(result.version_dir).manifest.variants["int8"]
+    assert int8.recipe == "weight-only" and int8.parity["top1_agreement"] >= 0.99
+    assert len(int8.refused_recipes) == 1 and int8.refused_recipes[0].startswith("broken: could not be built")
+    graph = onnx.load(str(result.version_dir / int8.file)).graph
+    assert any(n.op_type == "MatMulNBits" for n in graph.node)
+
+    monkeypatch.setattr(pipeline, "INT8_RECIPES", (first, Int8Recipe("also-broken", method="nope")))  # type: ignore[arg-type]
+    result = export_model(model, "text-classification", "t", tmp_path, ("fp32", "int8"), eval_data=eval_file)
+    assert result.version_dir is not None
+    manifest = read_version(result.version_dir).manifest
+    assert "int8" not in manifest.variants
+    reasons = manifest.rejected_variants["int8"]
+    assert reasons.startswith("broken: could not be built") and "; also-broken: could not be built" in reasons

@@ -104,3 +104,24 @@ def test_an_int8_recipe_leaves_the_nodes_it_names_and_the_tables_in_fp32(
     assert scales and all(len(s.dims) == 0 for s in scales)  # per tensor: one scale a weight
     attention_out = [n for n in graph.node if n.op_type == "MatMulInteger" and "attention/output" in n.name]
     assert attention_out  # the pattern did not catch attention's output projection
+
+
+def test_the_weight_only_recipe_blocks_every_weighted_matmul_and_keeps_the_answers(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    fp32 = tiny_repository / TASK_MODEL_NAMES["text-classification"] / "1" / "model.onnx"
+    build_int8(fp32, tmp_path / "int8.onnx", Int8Recipe("weight-only", method="weight-only", block_size=32))
+    before, after = onnx.load(str(fp32)).graph, onnx.load(str(tmp_path / "int8.onnx")).graph
+    weights = {init.name for init in before.initializer}
+    weighted = sum(n.op_type in ("MatMul", "Gemm") and bool(set(n.input[1:2]) & weights) for n in before.node)
+    ops = Counter(n.op_type for n in after.node)
+    assert ops["MatMulNBits"] == weighted > 0 and ops["MatMulInteger"] == 0
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": rng.integers(5, 50, size=(4, 12)),
+        "attention_mask": np.ones((4, 12), dtype=np.int64),
+        "token_type_ids": np.zeros((4, 12), dtype=np.int64),
+    }
+    [want] = run(onnx.load(str(fp32)), feeds)
+    [got] = run(onnx.load(str(tmp_path / "int8.onnx")), feeds)
+    np.testing.assert_allclose(got, want, atol=0.05 * float(np.abs(want).max()) + 1e-3)
