@@ -315,7 +315,9 @@ def test_the_cli_says_what_the_gate_could_not_check_and_narrows_the_window(
     out = " ".join(unchecked.output.split())
     assert "no --eval-data: the parity gate compared random tokens only" in out
     assert "int8 not written: not checked: no eval data" in out
-    assert re.search(r"int8 \(dynamic\) \S+ \S+ \S+ random 21 ", out)  # the recipe, and what its agreement was measured on
+    assert re.search(
+        r"int8 \(dynamic\) \S+ \S+ \S+ random 21 ", out
+    )  # the recipe, and what its agreement was measured on
     assert "trained on at most 16 tokens but the service will accept 64" in out
     assert read_version(tmp_path / "r" / "s" / "1").manifest.max_sequence_length == 64
 
@@ -365,7 +367,7 @@ def test_int8_falls_back_to_the_next_recipe_the_gate_passes(
     later one passes; the manifest says which recipe was written and why the first was refused."""
     first, second = (
         Int8Recipe("broken", method="nonexistent"),
-        Int8Recipe("weight-only", method="weight-only"),
+        Int8Recipe("blockwise", method="weight-only"),
     )  # type: ignore[arg-type]
     monkeypatch.setattr(pipeline, "INT8_RECIPES", (first, second))
     eval_file = _eval_file("text-classification", tmp_path)
@@ -373,7 +375,7 @@ def test_int8_falls_back_to_the_next_recipe_the_gate_passes(
     result = export_model(model, "text-classification", "s", tmp_path, ("fp32", "int8"), eval_data=eval_file)
     assert result.version_dir is not None
     int8 = read_version(result.version_dir).manifest.variants["int8"]
-    assert int8.recipe == "weight-only" and int8.parity["top1_agreement"] >= 0.99
+    assert int8.recipe == "blockwise" and int8.parity["top1_agreement"] >= 0.99
     assert len(int8.refused_recipes) == 1 and int8.refused_recipes[0].startswith("broken: could not be built")
     graph = onnx.load(str(result.version_dir / int8.file)).graph
     assert any(n.op_type == "MatMulNBits" for n in graph.node)
