@@ -23,13 +23,7 @@ from training.trainer import STATE_FILE, Batch, History, StepFn, TrainConfig, ch
 EXAMPLES = 64
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Ops this small run ~10x faster on one thread than on two contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
