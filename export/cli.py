@@ -146,7 +146,10 @@ def main(
     except (ExportError, ValueError, OSError) as e:  # the model or the data: the user's to fix
         print_error(f"export failed: {e}")
         raise typer.Exit(1) from e
-    console.print(_summary(result))
+    table = _summary(result)
+    # A pipe gives 80 columns: a wide row (a 255 MB model, 1,773 rows) would lose cells to '…' there.
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    Console(stderr=True, width=max(console.width, natural)).print(table)
     _explain_skipped(result, eval_data)
     if result.version_dir is None:
         print_error("fp32 failed its parity gate: nothing written")

@@ -296,8 +296,9 @@ def test_without_eval_data_a_reduced_precision_variant_is_not_checked_and_not_se
 
 
 def test_the_cli_says_what_the_gate_could_not_check_and_narrows_the_window(
-    tiny_models: dict[str, Path], tmp_path: Path
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "40")  # narrower than the summary: its rows still come out whole
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_models["text-classification"], model_dir)
     (model_dir / "train_report.json").write_text(json.dumps({"recipe": {"max_length": 16}}))
