@@ -121,6 +121,19 @@ def build_tiny_llama(out: Path, positions: int = 64) -> Path:
     return out
 
 
+def tiny_bert_settings(vocab_size: int, layers: int = 2, positions: int = 128, **more: Any) -> dict[str, Any]:
+    """BertConfig settings of the tests' tiny encoders: 32 wide, 2 heads, `layers` deep."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=positions,
+        **more,
+    )
+
+
 def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
     """`positions`: the window (a long one makes generation take long enough to watch it stream)."""
     import torch
@@ -148,14 +161,7 @@ def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
         model: Any = GPT2LMHeadModel(config)
     else:
         tokenizer = _wordpiece()
-        bert = dict(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=positions,
-        )
+        bert = tiny_bert_settings(len(tokenizer), positions=positions)
         if task == "text-classification":
             model = BertForSequenceClassification(
                 BertConfig(

@@ -11,6 +11,7 @@ import torch
 from transformers import BertConfig, BertForQuestionAnswering
 from typer.testing import CliRunner
 
+from tests.tiny_models import tiny_bert_settings
 from training import general
 from training.cli import app
 from training.data.demo import write_demo_data
@@ -50,15 +51,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.manual_seed(0)
     teacher = BertForQuestionAnswering(
         BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=4,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            pad_token_id=0,
-            initializer_range=0.5,  # layers that change their input: alignment has work to do
-        )
+            **tiny_bert_settings(len(tokenizer), layers=4, pad_token_id=0, initializer_range=0.5)
+        )  # a wide initialisation: layers that change their input, so alignment has work to do
     )
     teacher.save_pretrained(root / "teacher")
     save_tokenizer(tokenizer, root / "teacher")

@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast
 from typer.testing import CliRunner
 
 from common.spans import answer_text
+from tests.tiny_models import tiny_bert_settings
 from training import qa
 from training.cli import app
 from training.data.loaders import load_squad
@@ -56,15 +57,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def teacher() -> tuple[BertForQuestionAnswering, BertTokenizerFast]:
     tokenizer = train_wordpiece([c for cs in ARTICLES.values() for c in cs] + ["what is said about"], 300)
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        pad_token_id=0,
-    )
+    config = BertConfig(**tiny_bert_settings(len(tokenizer), pad_token_id=0))
     return BertForQuestionAnswering(config).eval(), tokenizer
 
 
