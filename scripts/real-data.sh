@@ -24,8 +24,8 @@
 # whole run, 120, 4 blocks each), LM_MINUTES (stop each of the two long steps after this many minutes,
 # resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32).
 # SQuAD recipe knobs (issue 27 point 5): SQUAD_GENERAL (steps of general distillation on WikiText-2 train
-# before the QA stage, batches of 32 128-token blocks; default 300: student F1 75.9 % -> 80.1 % of the
-# teacher's, docs/benchmarks.md; 0: none), SQUAD_AUGMENT (each train question also asked of this many other
+# before the QA stage, batches of 32 128-token blocks; default 300: student F1 77.9 % -> 80.1 % of the
+# teacher's side by side, docs/benchmarks.md; 0: none), SQUAD_AUGMENT (each train question also asked of this many other
 # paragraphs of its article, answered by the teacher; default 0: not yet measured).
 # Knobs: DATA (default ../shared/data),
 # OUT (build/real), PY (.venv/bin/python), MP (--mixed-precision: no, or bf16 on a GPU), SST2_STEPS
