@@ -20,12 +20,10 @@ from common.cli import cli_app, print_error
 from common.progress import ProgressLog
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
-from training.general import general_distill
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
-from training.models import PRESETS, load_trained
-from training.qa_augment import augment
+from training.models import PRESETS
 from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
-from training.runs import TASKS, check_local, distill, fast_tokenizer, train_teacher
+from training.runs import TASKS, distill, train_teacher
 from training.trainer import TrainConfig
 
 app = cli_app(
@@ -162,10 +160,10 @@ def _train_config(
     dropout: float | None,
     mixed_precision: str,
     cpu: bool,
-    early_stop_patience: int | None,
-    checkpoint_dir: Path | None,
-    checkpoint_every: int | None,
-    resume: str | None,
+    early_stop_patience: int | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int | None = None,
+    resume: str | None = None,
 ) -> TrainConfig:
     """The loop's recipe from the options both commands share (TrainConfig checks their combination)."""
     return TrainConfig(
@@ -430,114 +428,6 @@ def distill_command(
         )
 
 
-@app.command(name="general-distill")
-def general_distill_command(
-    teacher: str = typer.Option(..., "--teacher", help="Trained teacher: an HF directory (or hub id)."),
-    out: Path = typer.Option(..., "--out", file_okay=False, help="Output HF model directory (the student)."),
-    task: str = TaskOpt,
-    train: Path | None = typer.Option(
-        None, "--train", exists=True, dir_okay=False, help="Unlabelled plain text, one paragraph a line."
-    ),
-    eval: Path | None = typer.Option(
-        None, "--eval", exists=True, dir_okay=False, help="Held-out plain text the alignment is scored on."
-    ),
-    layers: int = typer.Option(2, "--layers", min=1, help="Student depth."),
-    layer_map: str | None = typer.Option(None, "--layer-map", help="Teacher layers to copy, e.g. 0,2,5."),
-    hidden_loss: str = typer.Option("mse", "--hidden-loss", help="cosine or mse (TinyBERT's)."),
-    epochs: int = typer.Option(1, "--epochs", min=1, help="Passes over the text."),
-    lr: float = typer.Option(1e-4, "--lr", min=0.0, help="Peak learning rate."),
-    batch_size: int = BatchOpt,
-    seed: int = SeedOpt,
-    max_length: int = MaxLenOpt,
-    grad_accum: int = AccumOpt,
-    warmup_ratio: float = WarmupOpt,
-    weight_decay: float = DecayOpt,
-    max_steps: int | None = MaxStepsOpt,
-    dropout: float | None = DropoutOpt,
-    mixed_precision: str = PrecisionOpt,
-    cpu: bool = CpuOpt,
-    threads: int | None = ThreadsOpt,
-) -> None:
-    """General distillation: a student cut from the teacher learns to reproduce the teacher's hidden
-    states on unlabelled text, before any task data; then `distill --student-init OUT` (TinyBERT's two
-    stages)."""
-    task = _check_task(task)
-    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
-    _check_out(out, teacher, "--teacher")
-    student = distill_config(
-        task,
-        layers=layers,
-        layer_map=_parse_layer_map(layer_map),
-        hidden_loss=_check_hidden_loss(hidden_loss),
-    )
-    _setup_threads(threads)
-    with _user_errors():
-        cfg = _train_config(
-            epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            seed=seed,
-            grad_accum=grad_accum,
-            warmup_ratio=warmup_ratio,
-            weight_decay=weight_decay,
-            max_steps=max_steps,
-            dropout=dropout,
-            mixed_precision=mixed_precision,
-            cpu=cpu,
-            early_stop_patience=None,
-            checkpoint_dir=None,
-            checkpoint_every=None,
-            resume=None,
-        )
-        general_distill(
-            task,
-            teacher,
-            train_path,
-            eval_path,
-            out,
-            student=student,
-            cfg=cfg,
-            max_length=max_length,
-            console=Console(),
-        )
-
-
-@app.command(name="augment-qa")
-def augment_qa_command(
-    teacher: str = typer.Option(..., "--teacher", help="Trained QA teacher: an HF directory (or hub id)."),
-    train: Path = typer.Option(..., "--train", exists=True, dir_okay=False, help="SQuAD v1.1 train file."),
-    out: Path = typer.Option(..., "--out", dir_okay=False, help="The augmented SQuAD v1.1 file to write."),
-    per_question: int = typer.Option(
-        2, "--per-question", min=1, help="Other paragraphs of its article each question is asked of."
-    ),
-    max_length: int = typer.Option(256, "--max-length", min=16, help="The teacher's window, in tokens."),
-    seed: int = SeedOpt,
-    cpu: bool = CpuOpt,
-    threads: int | None = ThreadsOpt,
-) -> None:
-    """Teacher-labelled augmentation for QA distillation: each training question is also asked of other
-    paragraphs of its article, answered by the teacher's best span; the originals are kept as they are."""
-    _setup_threads(threads)
-    with _user_errors():
-        check_local(teacher)
-        model = load_trained(teacher, "question-answering")
-        model.to(torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu"))  # type: ignore[arg-type]
-        with ProgressLog("augment-qa", active=True):
-            counts = augment(
-                model,
-                fast_tokenizer(teacher),
-                train,
-                out,
-                per_question=per_question,
-                max_length=max_length,
-                seed=seed,
-            )
-    Console().print(
-        f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",
-        soft_wrap=True,
-    )
-
-
 @app.command()
 def demo(
     out: Path = typer.Option(
@@ -594,5 +484,6 @@ def main() -> None:
     app()
 
 
-# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm) register on `app` too.
-from training import cli_lm  # noqa: E402, F401
+# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm) and the stages around
+# task distillation (general-distill, augment-qa) register on `app` too.
+from training import cli_lm, cli_stages  # noqa: E402, F401

@@ -12,6 +12,7 @@ from transformers import BertConfig, BertForQuestionAnswering
 from typer.testing import CliRunner
 
 from tests.tiny_models import tiny_bert_settings
+from tests.training.test_qa import PROSE
 from training import general
 from training.cli import app
 from training.data.demo import write_demo_data
@@ -22,11 +23,7 @@ from training.steps import make_alignment
 from training.tokenizer import save_tokenizer, train_wordpiece
 from training.trainer import TrainConfig
 
-PROSE = (
-    "the river city was founded by a farmer near the old harbor and its market grew every year until the "
-    "station opened with a library garden school park village cinema bridge tower"
-)
-WORDS = PROSE.split()
+WORDS = PROSE.split()  # the QA tests' prose, as random lines to align on
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

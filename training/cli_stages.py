@@ -1,0 +1,148 @@
+"""`python -m training general-distill | augment-qa`: the stages around task distillation.
+
+general-distill teaches a student cut from the teacher the teacher's hidden states on unlabelled text before
+any task data (training/general.py); augment-qa widens QA training data with teacher-answered questions
+(training/qa_augment.py). Both then feed `distill` (`--student-init`, `--train`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+
+from common.progress import ProgressLog
+from training.cli import (
+    AccumOpt,
+    BatchOpt,
+    CpuOpt,
+    DecayOpt,
+    DropoutOpt,
+    MaxLenOpt,
+    MaxStepsOpt,
+    PrecisionOpt,
+    SeedOpt,
+    TaskOpt,
+    ThreadsOpt,
+    WarmupOpt,
+    _check_hidden_loss,
+    _check_out,
+    _check_task,
+    _parse_layer_map,
+    _require_file,
+    _setup_threads,
+    _train_config,
+    _user_errors,
+    app,
+)
+from training.general import general_distill
+from training.models import load_trained
+from training.qa_augment import augment
+from training.recipes import distill_config
+from training.runs import check_local, fast_tokenizer
+
+
+@app.command(name="general-distill")
+def general_distill_command(
+    teacher: str = typer.Option(..., "--teacher", help="Trained teacher: an HF directory (or hub id)."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Output HF model directory (the student)."),
+    task: str = TaskOpt,
+    train: Path | None = typer.Option(
+        None, "--train", exists=True, dir_okay=False, help="Unlabelled plain text, one paragraph a line."
+    ),
+    eval: Path | None = typer.Option(
+        None, "--eval", exists=True, dir_okay=False, help="Held-out plain text the alignment is scored on."
+    ),
+    layers: int = typer.Option(2, "--layers", min=1, help="Student depth."),
+    layer_map: str | None = typer.Option(None, "--layer-map", help="Teacher layers to copy, e.g. 0,2,5."),
+    hidden_loss: str = typer.Option("mse", "--hidden-loss", help="cosine or mse (TinyBERT's)."),
+    epochs: int = typer.Option(1, "--epochs", min=1, help="Passes over the text."),
+    lr: float = typer.Option(1e-4, "--lr", min=0.0, help="Peak learning rate."),
+    batch_size: int = BatchOpt,
+    seed: int = SeedOpt,
+    max_length: int = MaxLenOpt,
+    grad_accum: int = AccumOpt,
+    warmup_ratio: float = WarmupOpt,
+    weight_decay: float = DecayOpt,
+    max_steps: int | None = MaxStepsOpt,
+    dropout: float | None = DropoutOpt,
+    mixed_precision: str = PrecisionOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """General distillation: a student cut from the teacher learns to reproduce the teacher's hidden
+    states on unlabelled text, before any task data; then `distill --student-init OUT` (TinyBERT's two
+    stages)."""
+    task = _check_task(task)
+    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    _check_out(out, teacher, "--teacher")
+    student = distill_config(
+        task,
+        layers=layers,
+        layer_map=_parse_layer_map(layer_map),
+        hidden_loss=_check_hidden_loss(hidden_loss),
+    )
+    _setup_threads(threads)
+    with _user_errors():
+        cfg = _train_config(
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            grad_accum=grad_accum,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            max_steps=max_steps,
+            dropout=dropout,
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+        )
+        general_distill(
+            task,
+            teacher,
+            train_path,
+            eval_path,
+            out,
+            student=student,
+            cfg=cfg,
+            max_length=max_length,
+            console=Console(),
+        )
+
+
+@app.command(name="augment-qa")
+def augment_qa_command(
+    teacher: str = typer.Option(..., "--teacher", help="Trained QA teacher: an HF directory (or hub id)."),
+    train: Path = typer.Option(..., "--train", exists=True, dir_okay=False, help="SQuAD v1.1 train file."),
+    out: Path = typer.Option(..., "--out", dir_okay=False, help="The augmented SQuAD v1.1 file to write."),
+    per_question: int = typer.Option(
+        2, "--per-question", min=1, help="Other paragraphs of its article each question is asked of."
+    ),
+    max_length: int = typer.Option(256, "--max-length", min=16, help="The teacher's window, in tokens."),
+    seed: int = SeedOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Teacher-labelled augmentation for QA distillation: each training question is also asked of other
+    paragraphs of its article, answered by the teacher's best span; the originals are kept as they are."""
+    _setup_threads(threads)
+    with _user_errors():
+        check_local(teacher)
+        model = load_trained(teacher, "question-answering")
+        model.to(torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu"))  # type: ignore[arg-type]
+        with ProgressLog("augment-qa", active=True):
+            counts = augment(
+                model,
+                fast_tokenizer(teacher),
+                train,
+                out,
+                per_question=per_question,
+                max_length=max_length,
+                seed=seed,
+            )
+    Console().print(
+        f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",
+        soft_wrap=True,
+    )
