@@ -9,6 +9,8 @@ the other, on the same repository and measures:
 - one client's latency on the demo classifier (wrk, 1 connection): p50 and p99;
 - generation at 16 streams (the `lm` model, 64 new tokens each): tokens/s and time to first token p50.
 The older revision's own settings apply (e.g. before the engine core: one process, the engine inside).
+Manifests written since the older revision carry fields its strict schema refuses, so it serves a copy of
+the repository (model files linked) with those fields left out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +55,44 @@ def worktree(revision: str) -> Iterator[Path]:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(path)], check=False, capture_output=True
             )
+
+
+# Run inside the older tree: its own manifest schema says which fields it does not know; they are dropped.
+_PRUNE = """
+import json, sys
+from pathlib import Path
+from pydantic import ValidationError
+from service.manifest import Manifest
+for path in map(Path, sys.argv[1:]):
+    raw = json.loads(path.read_text())
+    try:
+        Manifest.model_validate(raw)
+    except ValidationError as e:
+        for error in e.errors():
+            if error["type"] == "extra_forbidden":
+                *parents, key = error["loc"]
+                node = raw
+                for part in parents:
+                    node = node[part]
+                node.pop(key, None)
+    path.write_text(json.dumps(raw, indent=2))
+"""
+
+
+def repository_for(tree: Path, repository: Path, into: Path) -> Path:
+    """A copy of `repository` that `tree`'s service reads: manifests pruned, everything else linked."""
+    manifests = []
+    for source in repository.rglob("*"):
+        target = into / source.relative_to(repository)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif source.name == "manifest.json":
+            target.write_bytes(source.read_bytes())
+            manifests.append(str(target))
+        else:
+            target.symlink_to(source.resolve())
+    subprocess.run([sys.executable, "-c", _PRUNE, *manifests], cwd=tree, check=True)
+    return into
 
 
 def measure(repository: Path, tree: Path | None, seconds: int) -> dict[str, float]:
@@ -122,13 +163,16 @@ def run(
     results: list[dict[str, Any]] = []
     with (
         worktree(before) as tree,
+        tempfile.TemporaryDirectory(prefix="distilserve-rev-models-") as copy,
         ProgressLog.beside(console, "revisions", 2 * rounds, unit="servers") as log,
     ):
+        before_repository = repository_for(tree, repository, Path(copy))
         for i in range(rounds):
             pair: dict[str, Any] = {}
-            for side, side_tree in (("before", tree), ("after", None)):
+            sides = (("before", tree, before_repository), ("after", None, repository))
+            for side, side_tree, side_repository in sides:
                 log.update(status=f"round {i + 1}: {side}")
-                pair[side] = measure(repository, side_tree, seconds)
+                pair[side] = measure(side_repository, side_tree, seconds)
                 log.update(advance=1)
                 console.print(f"  round {i + 1} {side}: {pair[side]}")
             results.append(pair)
