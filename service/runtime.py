@@ -16,6 +16,7 @@ from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_t
 from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
+from service.generation.tuning import decode_step_s, fastest_threads
 from service.ipc import Executions, Placement
 from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
@@ -67,7 +68,8 @@ def engine_plan(
     for its slowest thread, and beside the event loop one of them is always late. ONNX Runtime alone, 2
     cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 362-409;
     the demo student 1,457-1,670 vs 1,947-2,041. The price: a lone batch-1 call runs on one thread (MiniLM-
-    shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time."""
+    shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time (on a CPU
+    on all cores or on one, as measured at start-up: `_faster_decoder`)."""
     cores = cores or available_cores()  # the engine core owns the device's cores
     if generation:
         instances = 1
@@ -280,6 +282,8 @@ def load_engine_model(
         if (gpu_variant, gpu_plan.threads) != (variant, plan.threads):
             engine = engine_factory(version, gpu_variant, gpu_plan.settings(settings))
         variant, plan = gpu_variant, gpu_plan
+    elif generation and settings.warmup and not settings.intra_op_threads and plan.threads > 1:
+        engine, plan = _faster_decoder(version, variant, settings, engine_factory, engine, plan)
     executor = ThreadPoolExecutor(
         max_workers=plan.instances,
         thread_name_prefix=f"engine-{manifest.name}",
@@ -325,6 +329,36 @@ def load_engine_model(
         plan.threads,
     )
     return model
+
+
+def _faster_decoder(
+    version: ModelVersion,
+    variant: str,
+    settings: Settings,
+    engine_factory: EngineFactory,
+    engine: Engine,
+    plan: EnginePlan,
+) -> tuple[Engine, EnginePlan]:
+    """On a CPU, the decoder's session on all cores or on one, whichever runs a busy decode step faster
+    (service.generation.tuning); the other is dropped."""
+    manifest = version.manifest
+    assert manifest.generation is not None
+    one = EnginePlan(instances=1, threads=1)
+    candidates = [(plan.threads, engine), (1, engine_factory(version, variant, one.settings(settings)))]
+    rows = min(16, settings.gen_max_batch)
+    prompt = max(1, min(32, manifest.max_sequence_length // 2))
+    layout = manifest.generation
+    timed = fastest_threads(candidates, lambda e: decode_step_s(e, layout, rows, prompt))
+    log.info(
+        "%s v%d: a decode step of %d sequences takes %s; serving on %d thread(s)",
+        manifest.name,
+        manifest.version,
+        rows,
+        ", ".join(f"{t.step_s * 1000:.2f} ms on {t.threads} thread(s)" for t in timed),
+        timed[0].threads,
+    )
+    chosen = dict(candidates)[timed[0].threads]
+    return chosen, plan if timed[0].threads == plan.threads else one
 
 
 def load_engine_models(

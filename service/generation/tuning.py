@@ -1,0 +1,61 @@
+"""How many threads a decoder's engine call runs on a CPU, decided by timing the candidates at start-up.
+
+A decode step of a small student is a few hundred microseconds of small operators; spread over two threads
+that do not spin, each operator also waits for the second thread to wake, and the step gets slower. A big
+model's operators are long enough to split. Where the line falls depends on the model and the machine, so
+the engine core times one busy decode step with each candidate and keeps the faster. Measured on the 2-core
+CPU (ONNX Runtime alone, past 48, ms a step at batch 1 / 16): the demo LM (int8) 0.15 / 0.36 on one thread
+against 0.20 / 0.48 on two; SmolLM2's 10-layer student (fp32) 9.2 / 22.5 against 6.9 / 14.8.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from service.engine import Engine
+from service.generation.runner import DecoderRunner
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import StepPlan
+from service.generation.sequence import Sequence as GenSequence
+from service.manifest import GenerationLayout
+
+
+def decode_step_s(
+    engine: Engine, layout: GenerationLayout, rows: int, prompt_tokens: int, steps: int = 6
+) -> float:
+    """Median seconds of one decode step of `rows` sequences after a `prompt_tokens`-token prefill (the
+    first step, which sizes the cache, left out)."""
+    runner = DecoderRunner(engine, layout)
+    seqs = [
+        GenSequence(prompt=list(range(1, prompt_tokens + 1)), params=SamplingParams(max_new_tokens=steps + 2))
+        for _ in range(rows)
+    ]
+    plan = StepPlan(prefill=seqs, decode=[])
+    times = []
+    for _ in range(steps + 1):
+        result = runner.execute(plan)
+        for seq in seqs:
+            seq.output.append(result.tokens[seq.id])
+        if not plan.prefill:
+            times.append(result.decode_s)
+        plan = StepPlan(prefill=[], decode=seqs)
+    return statistics.median(times[1:])
+
+
+@dataclass(frozen=True)
+class Timed:
+    threads: int
+    step_s: float
+
+
+def fastest_threads(
+    candidates: Sequence[tuple[int, Engine]], time_step: Callable[[Engine], float], rounds: int = 2
+) -> list[Timed]:
+    """Each candidate's best step time over `rounds` alternating rounds, fastest first."""
+    best = {threads: float("inf") for threads, _ in candidates}
+    for _ in range(rounds):  # alternating, so a burst of other work on the machine hits both
+        for threads, engine in candidates:
+            best[threads] = min(best[threads], time_step(engine))
+    return sorted((Timed(t, s) for t, s in best.items()), key=lambda timed: timed.step_s)
