@@ -235,21 +235,32 @@ class Metrics:
         return generate_latest(merged)
 
     def generation_hooks(self, model: str) -> EngineHooks:
-        """The generation engine's reports, turned into this model's metrics (series exist from the start)."""
-        self.generated_tokens.labels(model)
-        self.running_sequences.labels(model).set(0)
-        self.waiting_sequences.labels(model).set(0)
+        """The generation engine's reports, turned into this model's metrics (series exist from the start).
+
+        They run on the engine thread, between decode steps: the series are looked up once, and the queue
+        gauges are written only when they change (each write of a multiprocess value takes a lock)."""
+        tokens = self.generated_tokens.labels(model)
+        prefill_s = self.generation_step_duration.labels(model, "prefill")
+        decode_s = self.generation_step_duration.labels(model, "decode")
+        running_now, waiting_now = self.running_sequences.labels(model), self.waiting_sequences.labels(model)
+        running_now.set(0)
+        waiting_now.set(0)
+        last = [0, 0]
 
         def on_step(plan: StepPlan, result: StepResult) -> None:
-            self.generated_tokens.labels(model).inc(len(result.tokens))
+            tokens.inc(len(result.tokens))
             if plan.prefill:
-                self.generation_step_duration.labels(model, "prefill").observe(result.prefill_s)
+                prefill_s.observe(result.prefill_s)
             if plan.decode:
-                self.generation_step_duration.labels(model, "decode").observe(result.decode_s)
+                decode_s.observe(result.decode_s)
 
         def on_queue(running: int, waiting: int) -> None:
-            self.running_sequences.labels(model).set(running)
-            self.waiting_sequences.labels(model).set(waiting)
+            if running != last[0]:
+                running_now.set(running)
+                last[0] = running
+            if waiting != last[1]:
+                waiting_now.set(waiting)
+                last[1] = waiting
 
         return EngineHooks(
             on_step=on_step,
