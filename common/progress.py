@@ -113,13 +113,16 @@ class ProgressLog:
         *,
         advance: float = 0,
         completed: float | None = None,
+        total: float | None = None,
         status: str | None = None,
         **fields: str,
     ) -> None:
         """Record where the work stands: `status` (what it is doing now) leads the line, `fields` (e.g.
-        loss="0.4521") follow the ETA."""
+        loss="0.4521") follow the ETA; `total` for work whose size is known only once it started."""
         with self._lock:
             self.completed = completed if completed is not None else self.completed + advance
+            if total is not None:
+                self.total = total
             if status is not None:
                 self.status = status
             self.fields.update(fields)

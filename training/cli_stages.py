@@ -132,7 +132,8 @@ def augment_qa_command(
         check_local(teacher)
         model = load_trained(teacher, "question-answering")
         model.to(torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu"))  # type: ignore[arg-type]
-        with ProgressLog("augment-qa", active=True):
+        # Always plain lines: the teacher's pass draws no bar of its own.
+        with ProgressLog("augment-qa", unit="windows", active=True) as progress:
             counts = augment(
                 model,
                 fast_tokenizer(teacher),
@@ -141,6 +142,7 @@ def augment_qa_command(
                 per_question=per_question,
                 max_length=max_length,
                 seed=seed,
+                on_batch=lambda done, total: progress.update(completed=done, total=total),
             )
     Console().print(
         f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",

@@ -8,7 +8,7 @@ example's windows (`common.spans`: numpy only, the same code the service answers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ TASK = "question-answering"
 METRIC = "f1"  # SQuAD v1.1 token F1, as a fraction; evaluate() also returns exact_match
 HIGHER_IS_BETTER = True
 FAMILY = "bert"  # an encoder that reads question and context together
+
+Progress = Callable[[int, int], None]  # (done, total), e.g. windows run through a model
 
 MAX_LENGTH = 384  # BERT's SQuAD recipe; the demo models use shorter windows
 CLS_INDEX = 0  # the label of a window that does not hold the whole answer
@@ -241,9 +243,14 @@ def distill_step(config: DistillConfig, alignment: steps.HiddenAlignment | None 
 
 @torch.inference_mode()
 def window_logits(
-    model: nn.Module, windows: Sequence[Window], pad_token_id: int, batch_size: int = 64
+    model: nn.Module,
+    windows: Sequence[Window],
+    pad_token_id: int,
+    batch_size: int = 64,
+    on_batch: Progress | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(start, end) logits of every window, unpadded, in the windows' order; eval mode, model's device."""
+    """(start, end) logits of every window, unpadded, in the windows' order; eval mode, model's device.
+    `on_batch(done, total)` after each batch, in windows."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -257,6 +264,8 @@ def window_logits(
         for row, i in enumerate(chosen):
             n = len(windows[i].offsets)
             out[i] = (starts[row, :n], ends[row, :n])
+        if on_batch is not None:
+            on_batch(len(out), len(windows))
     model.train(was_training)
     return [out[i] for i in range(len(windows))]
 
@@ -294,10 +303,11 @@ def predict_spans(
     batch_size: int = 64,
     doc_stride: int | None = None,
     max_answer_length: int = MAX_ANSWER_LENGTH,
+    on_batch: Progress | None = None,
 ) -> list[Span | None]:
     """The model's answer span for every example, in the data's order."""
     windows = encode(data, tokenizer, max_length=max_length, doc_stride=doc_stride)
-    logits = window_logits(model, windows, _pad_id(tokenizer), batch_size)
+    logits = window_logits(model, windows, _pad_id(tokenizer), batch_size, on_batch)
     return spans_from_logits(windows, logits, len(data.examples), max_answer_length=max_answer_length)
 
 

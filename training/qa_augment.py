@@ -53,10 +53,12 @@ def teacher_labelled(
     *,
     max_length: int,
     batch_size: int = 64,
+    on_batch: qa.Progress | None = None,
 ) -> list[QAExample]:
     """The examples answered by the teacher's best span (an example it finds no span in is dropped)."""
+    data = qa.QAData(examples, "augmented")
     spans = qa.predict_spans(
-        teacher, qa.QAData(examples, "augmented"), tokenizer, max_length=max_length, batch_size=batch_size
+        teacher, data, tokenizer, max_length=max_length, batch_size=batch_size, on_batch=on_batch
     )
     answered = []
     for example, span in zip(examples, spans, strict=True):
@@ -91,12 +93,13 @@ def augment(
     per_question: int,
     max_length: int,
     seed: int = 0,
+    on_batch: qa.Progress | None = None,
 ) -> dict[str, int]:
-    """Write the train file's examples plus their teacher-labelled pairings to `out_path`; the counts."""
+    """Write the train file's examples plus their teacher-labelled pairings to `out_path`; the counts.
+    `on_batch(done, total)` as the teacher answers, in windows."""
     examples = qa.load_data(train_path).examples
-    answered = teacher_labelled(
-        teacher, article_pairings(examples, per_question, seed), tokenizer, max_length=max_length
-    )
+    pairings = article_pairings(examples, per_question, seed)
+    answered = teacher_labelled(teacher, pairings, tokenizer, max_length=max_length, on_batch=on_batch)
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     document = squad_document([*examples, *answered])
     Path(out_path).write_text(json.dumps(document, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -4,6 +4,7 @@ teacher, written as a SQuAD file that training reads back."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,9 @@ def test_the_cli_writes_a_file_distill_can_train_on(
     args = ["augment-qa", "--teacher", str(tmp_path / "teacher"), "--train", str(train), "--out", str(out)]
     result = CliRunner().invoke(app, [*args, "--per-question", "1", "--max-length", "64"])
     assert result.exit_code == 0, result.output
+    assert re.search(r"augment-qa: (\d+)/\1 windows \(100%\)", result.output), (
+        result.output
+    )  # how far, in a log
     assert "5 questions as given + 5 answered by the teacher" in " ".join(result.output.split())
     args = ["distill", "--task", "question-answering", "--teacher", str(tmp_path / "teacher")]
     args += ["--train", str(out), "--eval", str(train), "--out", str(tmp_path / "student"), "--layers", "1"]
