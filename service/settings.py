@@ -61,7 +61,8 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(
         0,
         ge=0,
-        description="ONNX Runtime intra-op threads per engine call; 0 = the worker's cores / instances.",
+        description="ONNX Runtime intra-op threads per engine call; 0 = the worker's cores / instances "
+        "(a decoder on a CPU: all cores or one, whichever ran a decode step faster at start-up).",
     )
     inter_op_threads: int = Field(1, ge=1, description="ONNX Runtime inter-op threads.")
     max_batch_size: int = Field(32, ge=1, description="Most requests (sequences) in one engine call.")
