@@ -340,15 +340,26 @@ def _faster_decoder(
     plan: EnginePlan,
 ) -> tuple[Engine, EnginePlan]:
     """On a CPU, the decoder's session on all cores or on one, whichever runs a busy decode step faster
-    (service.generation.tuning); the other is dropped."""
+    (service.generation.tuning); the other is dropped. A model too short to time, or a timing that fails,
+    keeps all cores: this only ever chooses, it never stops a start-up."""
     manifest = version.manifest
     assert manifest.generation is not None
+    positions = manifest.max_sequence_length
+    prompt = min(32, positions // 2)
+    steps = min(8, positions - prompt - 2)  # every step's position inside the model's
+    if prompt < 1 or steps < 2:
+        return engine, plan
     one = EnginePlan(instances=1, threads=1)
-    candidates = [(plan.threads, engine), (1, engine_factory(version, variant, one.settings(settings)))]
     rows = min(16, settings.gen_max_batch)
-    prompt = max(1, min(32, manifest.max_sequence_length // 2))
     layout = manifest.generation
-    timed = fastest_threads(candidates, lambda e: decode_step_s(e, layout, rows, prompt))
+    try:
+        candidates = [(plan.threads, engine), (1, engine_factory(version, variant, one.settings(settings)))]
+        timed = fastest_threads(candidates, lambda e: decode_step_s(e, layout, rows, prompt, steps))
+    except Exception as e:  # a failing timing leaves the default in place
+        log.warning(
+            "%s v%d: timing the decoder's threads failed (%s); all cores", manifest.name, manifest.version, e
+        )
+        return engine, plan
     log.info(
         "%s v%d: a decode step of %d sequences takes %s; serving on %d thread(s)",
         manifest.name,

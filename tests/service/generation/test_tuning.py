@@ -85,3 +85,16 @@ def test_a_thread_count_set_by_the_operator_is_not_second_guessed(
 
     model = load_engine_model(lm, Settings(device="cpu", intra_op_threads=2), Metrics(), factory)
     assert built == [2] and model.plan.threads == 2
+
+
+def test_a_timing_that_fails_keeps_all_cores_and_the_start_up_goes_on(
+    lm: ModelVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+
+    def broken(*args: object) -> float:
+        raise RuntimeError("the timing broke")
+
+    monkeypatch.setattr(service.runtime, "decode_step_s", broken)
+    model = load_engine_model(lm, Settings(device="cpu"), Metrics(), ort_engine_factory)
+    assert model.plan.threads == 4 and model.generation is not None
