@@ -5,23 +5,18 @@ module supplies; the loop itself just places things on devices (Accelerate: CPU,
 precision), steps AdamW on a linear warmup/decay schedule with gradient accumulation, shows progress and
 evaluates at the end of each epoch.
 
-Optionally it also checkpoints and stops early. A checkpoint is a `step-N` directory: Accelerate's full
-training state (model, optimiser, schedule, grad scaler, every process's RNG states, the best weights so
-far) plus `trainer_state.json` (where the loop stands, its history, the early-stopping tally). Each epoch's
-shuffle is a function of (seed, epoch), so a resumed run skips the batches already done and ends with the
-weights the uninterrupted run would have reached.
+Optionally it also checkpoints (training/checkpoints.py: Accelerate's full training state plus where the
+loop stands, its history and the early-stopping tally) and stops early. Each epoch's shuffle is a function
+of (seed, epoch), so a resumed run skips the batches already done and ends with the weights the
+uninterrupted run would have reached.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal, cast
 
 import torch
@@ -41,6 +36,7 @@ from torch.utils.data import DataLoader
 from transformers import get_linear_schedule_with_warmup
 
 from common.progress import ProgressLog
+from training.checkpoints import Checkpoints, checkpoint_to_resume
 from training.losses import LossTerms
 from training.models import set_dropout
 
@@ -52,8 +48,6 @@ EvalFn = Callable[[nn.Module], dict[str, float]]
 
 # What an epoch record holds besides evaluate()'s metrics.
 EPOCH_FIELDS = frozenset({"epoch", "step", "train_loss", "examples", "examples_per_s", "seconds"})
-STATE_FILE = "trainer_state.json"  # written last: a checkpoint directory without it is incomplete
-_CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -250,91 +244,6 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
-def checkpoints(checkpoint_dir: str | Path) -> list[Path]:
-    """The complete checkpoints in a directory, oldest first."""
-    found = [
-        (int(match.group(1)), path)
-        for path in Path(checkpoint_dir).glob("step-*")
-        if (match := _CHECKPOINT_NAME.fullmatch(path.name)) and (path / STATE_FILE).is_file()
-    ]
-    return [path for _, path in sorted(found)]
-
-
-def _resume_from(cfg: TrainConfig) -> Path | None:
-    """The checkpoint to continue from, or None to start afresh; never mixes two runs' checkpoints."""
-    if cfg.resume is False:
-        if cfg.checkpoint_dir is not None and checkpoints(cfg.checkpoint_dir):
-            raise ValueError(
-                f"{cfg.checkpoint_dir} already holds checkpoints: resume from them or use another directory"
-            )
-        return None
-    path = Path(cfg.resume if isinstance(cfg.resume, str) else str(cfg.checkpoint_dir))
-    if (path / STATE_FILE).is_file():
-        return path
-    found = checkpoints(path) if path.is_dir() else []
-    if found:
-        return found[-1]
-    if cfg.resume is True:  # nothing saved yet, e.g. a preempted job that restarts with the same flags
-        return None
-    raise ValueError(f"{path}: no checkpoint to resume from")
-
-
-class _Checkpoints:
-    """Saves the training state under cfg.checkpoint_dir (a no-op without one) and restores it."""
-
-    def __init__(self, accelerator: Accelerator, cfg: TrainConfig, batches_per_epoch: int) -> None:
-        self.accelerator, self.cfg = accelerator, cfg
-        self.root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir is not None else None
-        # What must not change between a checkpoint and its resume for "skip the batches done" to hold.
-        self.shape = {
-            "batches_per_epoch": batches_per_epoch,
-            "grad_accum_steps": cfg.grad_accum_steps,
-            "num_processes": accelerator.num_processes,
-        }
-
-    def due(self, step: int) -> bool:
-        """A mid-epoch save after this optimiser step (the epoch's last step is saved by the epoch's end)."""
-        every = self.cfg.checkpoint_every_steps
-        end_of_epoch = self.accelerator.gradient_state.end_of_dataloader
-        return self.root is not None and every is not None and step % every == 0 and not end_of_epoch
-
-    def restore(self, path: Path, state: _LoopState) -> None:
-        saved = json.loads((path / STATE_FILE).read_text())
-        changed = {
-            k: f"{saved['shape'].get(k)} -> {v}" for k, v in self.shape.items() if saved["shape"].get(k) != v
-        }
-        if changed:
-            raise ValueError(f"cannot resume from {path}: {changed}; keep the data, batching and processes")
-        try:
-            self.accelerator.load_state(str(path))
-        except RuntimeError as e:  # torch's load_state_dict: another model's weights (vocabulary, labels)
-            mismatch = str(e).splitlines()[-1].strip()
-            raise ValueError(
-                f"cannot resume from {path}: it holds another model's weights ({mismatch})"
-            ) from e
-        state.load_json(saved)
-
-    def save(self, state: _LoopState) -> None:
-        """Save into a temporary directory renamed once complete, then delete all but the newest K."""
-        if self.root is None:
-            return
-        accelerator = self.accelerator
-        final, partial = self.root / f"step-{state.step:08d}", self.root / f".step-{state.step:08d}.partial"
-        if accelerator.is_main_process:
-            shutil.rmtree(partial, ignore_errors=True)  # left by a crash during an earlier save
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial))  # every process writes its RNG states, the main one the rest
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            saved = {**state.to_json(), "shape": self.shape, "config": self.cfg.to_dict()}
-            (partial / STATE_FILE).write_text(json.dumps(saved, indent=1))
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-            for old in checkpoints(self.root)[: -self.cfg.keep_checkpoints]:
-                shutil.rmtree(old)
-        accelerator.wait_for_everyone()
-
-
 def _epoch_batches(
     accelerator: Accelerator, loader: Any, epoch: int, skip: int, seed: int
 ) -> Iterable[Batch]:
@@ -406,7 +315,7 @@ def train(
         raise ValueError("early_stop_patience needs an evaluate callback")
     if cfg.mixed_precision == "fp16" and PartialState(cpu=cfg.cpu).device.type == "cpu":
         raise ValueError("fp16 needs a GPU (on CPU Accelerate would silently train in fp32); use bf16")
-    resume_from = _resume_from(cfg)
+    resume_from = checkpoint_to_resume(cfg)
     set_seed(cfg.seed)
     # AdamW moments of rarely-seen embedding rows decay into denormal floats, which x86 CPUs process up
     # to ~10x slower; flushing them to zero changes nothing that matters and keeps CPU steps steady.
@@ -439,7 +348,7 @@ def train(
 
     history = History(is_main_process=accelerator.is_main_process)
     state = _LoopState(history, _EarlyStopping(cfg.early_stop_patience, cfg.metric_mode))
-    saver = _Checkpoints(accelerator, cfg, batches_per_epoch=len(loader))
+    saver = Checkpoints(accelerator, cfg, batches_per_epoch=len(loader))
     if resume_from is not None:
         saver.restore(resume_from, state)
     main_process = accelerator.is_main_process

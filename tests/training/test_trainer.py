@@ -17,8 +17,9 @@ import torch.nn as nn
 from accelerate.state import AcceleratorState
 from torch.utils.data import DataLoader
 
+from training.checkpoints import STATE_FILE, checkpoints
 from training.losses import LossTerms, hard_loss
-from training.trainer import STATE_FILE, Batch, History, StepFn, TrainConfig, checkpoints, train
+from training.trainer import Batch, History, StepFn, TrainConfig, train
 
 EXAMPLES = 64
 
