@@ -1,4 +1,5 @@
-"""Error lines every CLI prints the same way: one line each, whatever the terminal's width.
+"""Error lines every CLI prints the same way: one line each, whatever the terminal's width; and a console
+whose result lines are never wrapped either.
 
 rich (and typer, which draws usage errors in a rich panel) wraps text at the console's width: 80 columns
 in a pipe or on many CI runners, so "… afile is\\na file, not a directory" breaks mid-phrase, and a grep
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 import typer
+from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from common.progress import is_terminal
@@ -26,6 +28,13 @@ def _print_line(label: str, color: str, message: str, stream: IO[str] | None) ->
         label = f"{color}{label}{_RESET}"
     out.write(f"{label}: {message}\n")
     out.flush()
+
+
+def line_console(stderr: bool = False) -> Console:
+    """A rich console that never wraps a printed line at the terminal's width: a result line ("student f1
+    0.5872 (teacher 0.6800) -> build/real/squad/student") cut before its path reads as two in a log. Tables
+    and progress bars still fit the width."""
+    return Console(stderr=stderr, soft_wrap=True)
 
 
 def print_error(message: str, stream: IO[str] | None = None) -> None:

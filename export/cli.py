@@ -12,13 +12,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from common.cli import one_command_app, print_error, print_warning
+from common.cli import line_console, one_command_app, print_error, print_warning
 from common.progress import ProgressLog
 from export.pipeline import ExportError, ExportResult, export_model, usage_problems
 from export.variants import ALL_VARIANTS
 from service.manifest import Task
 
-console = Console(stderr=True)
+console = line_console(stderr=True)
 
 
 def _summary(result: ExportResult) -> Table:

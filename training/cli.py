@@ -14,9 +14,8 @@ from typing import Literal, cast
 
 import torch
 import typer
-from rich.console import Console
 
-from common.cli import cli_app, print_error
+from common.cli import cli_app, line_console, print_error
 from common.progress import ProgressLog
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
@@ -231,7 +230,7 @@ def teacher(
             f"unknown preset {preset!r}; available: {', '.join(PRESETS)}", param_hint="--preset"
         )
     _setup_threads(threads)
-    console = Console()
+    console = line_console()
     source = preset if preset is not None else str(model)
     _check_out(out, model, "--model")
     with _user_errors():
@@ -280,7 +279,7 @@ def import_command(
     template, import_report.json) that `teacher`, `distill` and `python -m export` take as a teacher."""
     _check_out(out, str(source), "source")
     _setup_threads(threads)
-    console = Console(stderr=True)
+    console = line_console(stderr=True)
     with (
         _user_errors(),
         console.status("importing") as status,
@@ -395,7 +394,7 @@ def distill_command(
     )
     task_defaults = defaults(task)
     _setup_threads(threads)
-    console = Console()
+    console = line_console()
     with _user_errors():
         cfg = _train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
@@ -442,7 +441,7 @@ def demo(
 ) -> None:
     """Per task: generate demo data, train a tokenizer and a from-scratch teacher, distil a student."""
     _setup_threads(threads)
-    console = Console()
+    console = line_console()
     chosen = [t.strip() for t in tasks.split(",") if t.strip()]
     with _user_errors():
         pairs = run_demo(out, chosen, seed=seed, quick=quick, console=console)
@@ -470,7 +469,7 @@ def split(
 ) -> None:
     """Carve train and eval files out of one data file (classification by sentence, SQuAD and WikiText by
     article): no eval text lies word for word inside a training text."""
-    console = Console()
+    console = line_console()
     with _user_errors():
         files = split_file(_check_task(task), source, out, eval_fraction, seed, eval_file)
     console.print(f"train: {files.train} ({files.n_train})  eval: {files.eval} ({files.n_eval})")

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 import typer
-from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from common.cli import line_console
 from common.progress import ProgressLog
 from training import distil_lm, lm_cache
 from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
@@ -62,7 +62,7 @@ def lm_cache_command(
     """Run the teacher once over the text and keep its top-k logits (fp16) and ids (int32), memory-mapped."""
     _check_out(out, str(teacher), "teacher")
     _setup_threads(threads)
-    console = Console(stderr=True)
+    console = line_console(stderr=True)
     with _user_errors():
         model = _load(teacher, _device(cpu))
         tokenizer = AutoTokenizer.from_pretrained(teacher)
@@ -123,7 +123,7 @@ def distil_lm_command(
     checkpoint's settings win over the flags)."""
     _check_out(out, str(teacher), "teacher")
     _setup_threads(threads)
-    console = Console(stderr=True)
+    console = line_console(stderr=True)
     with _user_errors():
         torch.manual_seed(seed)
         device = _device(cpu)
@@ -249,7 +249,7 @@ def eval_lm_command(
     """Perplexity of teacher and student on the same blocks of the eval text (in text order), and their
     speed side by side in this process: forward tokens/s over those blocks, greedy decode tokens/s."""
     _setup_threads(threads)
-    console = Console()
+    console = line_console()
     with _user_errors():
         device = _device(cpu)
         tokenizer = AutoTokenizer.from_pretrained(teacher)

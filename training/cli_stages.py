@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 import typer
-from rich.console import Console
 
+from common.cli import line_console
 from common.progress import ProgressLog
 from training.cli import (
     AccumOpt,
@@ -108,7 +108,7 @@ def general_distill_command(
             student=student,
             cfg=cfg,
             max_length=max_length,
-            console=Console(),
+            console=line_console(),
         )
 
 
@@ -144,7 +144,7 @@ def augment_qa_command(
                 seed=seed,
                 on_batch=lambda done, total: progress.update(completed=done, total=total),
             )
-    Console().print(
+    line_console().print(
         f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",
         soft_wrap=True,
     )

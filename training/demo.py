@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
+from common.cli import line_console
 from training.backbones import MINILM, resolve
 from training.data.demo import DemoFiles, write_demo_data
 from training.models import PRESETS
@@ -135,7 +136,7 @@ def run_demo(
 
     Returns {task: (teacher_dir, student_dir)}.
     """
-    console = console or Console()
+    console = console or line_console()
     unknown = [t for t in tasks if t not in SUPPORTED_TASKS]
     if unknown:
         raise ValueError(f"the demo has no {unknown} yet; available: {', '.join(SUPPORTED_TASKS)}")

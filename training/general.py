@@ -19,6 +19,7 @@ from rich.console import Console
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
+from common.cli import line_console
 from common.provenance import git_revision
 from training import fill_mask
 from training.batches import make_dataloader, rows
@@ -111,7 +112,7 @@ def general_distill(
     """Cut the student from a trained teacher, train it to match the teacher's hidden states on the train
     text (scored on the eval text), and save it, head and tokenizer included, with `general_report.json`.
     Returns the report."""
-    console = console or Console()
+    console = console or line_console()
     check_local(teacher_source)
     tokenizer = fast_tokenizer(teacher_source)
     teacher = load_trained(str(teacher_source), task_name).eval()

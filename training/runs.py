@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from common.cli import line_console
 from common.provenance import git_revision
 from training import classification, fill_mask, generation, qa
 from training.models import (
@@ -224,7 +225,7 @@ def train_teacher(
 ) -> dict[str, Any]:
     """Train a preset from scratch (with a vocabulary learnt on the train texts) or fine-tune a local/hub
     checkpoint; save it with its tokenizer and `train_report.json`. Returns the report."""
-    console = console or Console()
+    console = console or line_console()
     set_seed(cfg.seed)  # fresh weights (presets, new heads) depend on it, not only the training loop
     task = get_task(task_name)
     cfg = _watch_task_metric(cfg, task)
@@ -319,7 +320,7 @@ def distill(
 
     `student_init`: start from a student an earlier stage trained (`python -m training general-distill`)
     instead of cutting one from the teacher; its depth and layer map replace `student`'s."""
-    console = console or Console()
+    console = console or line_console()
     set_seed(cfg.seed)  # a narrower student and a projection start from fresh weights
     task = get_task(task_name)
     cfg = _watch_task_metric(cfg, task)

@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from common.cli import cli_app, one_command_app, print_error, print_warning
+from common.cli import cli_app, line_console, one_command_app, print_error, print_warning
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = "a message long enough to be wrapped at 40 columns, and at 80 too, were anything to wrap it at all"
@@ -124,3 +124,13 @@ def test_errors_and_warnings_are_coloured_only_on_a_terminal(monkeypatch: pytest
     monkeypatch.setenv("NO_COLOR", "1")
     print_error("bad", terminal)
     assert terminal.getvalue().endswith("\nerror: bad\n")
+
+
+@pytest.mark.parametrize("columns", ["40", "300"])
+def test_result_lines_are_never_wrapped(monkeypatch: pytest.MonkeyPatch, columns: str) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    out = io.StringIO()
+    console = line_console()
+    console.file = out
+    console.print(f"student f1 0.5872 (teacher 0.6800) -> {LONG}")
+    assert out.getvalue() == f"student f1 0.5872 (teacher 0.6800) -> {LONG}\n"
