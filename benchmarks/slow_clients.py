@@ -172,15 +172,18 @@ def run(
     repository: Annotated[Path, typer.Option(help="A repository with `sentiment` (make models).")] = Path(
         "models"
     ),
-    connections: Annotated[int, typer.Option(help="Slow connections held open.")] = 3000,
-    seconds: Annotated[int, typer.Option(help="Seconds of normal load per measurement.")] = 10,
-    rounds: Annotated[int, typer.Option(help="Fresh servers, each measured without and with.")] = 2,
+    connections: Annotated[int, typer.Option(min=1, help="Slow connections held open.")] = 3000,
+    seconds: Annotated[int, typer.Option(min=1, help="Seconds of normal load per measurement.")] = 10,
+    rounds: Annotated[int, typer.Option(min=1, help="Fresh servers, each measured without and with.")] = 2,
     ramp: Annotated[float, typer.Option(help="Seconds for the slow connections to open.")] = 5.0,
     attacker_nice: Annotated[int, typer.Option(help="The attacker's niceness (19: lowest priority).")] = 0,
     kind: Annotated[list[str], typer.Option(help="trickle and/or idle.")] = list(KINDS),  # noqa: B006
     out: Annotated[Path, typer.Option(help="Directory for slow_clients.md and .json.")] = Path("docs/bench"),
 ) -> None:
     """Measure normal traffic's latency without and with the slow connections, alternating."""
+    unknown = sorted(set(kind) - set(KINDS))
+    if unknown or not kind:
+        raise typer.BadParameter(f"{', '.join(unknown) or 'none given'}; choose from {', '.join(KINDS)}")
     kinds = tuple(k for k in KINDS if k in kind)
     results = []
     with ProgressLog.beside(console, "slow clients", rounds, unit="rounds") as progress:

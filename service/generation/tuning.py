@@ -6,6 +6,8 @@ model's operators are long enough to split. Where the line falls depends on the 
 the engine core times one busy decode step with each candidate and keeps the faster. Measured on the 2-core
 CPU (ONNX Runtime alone, past 48, ms a step at batch 1 / 16): the demo LM (int8) 0.15 / 0.36 on one thread
 against 0.20 / 0.48 on two; SmolLM2's 10-layer student (fp32) 9.2 / 22.5 against 6.9 / 14.8.
+Both sessions are alive while they are timed (for SmolLM2's fp32 teacher ~0.5 GB more, for a moment, at
+start-up); the slower one is dropped before the core serves.
 """
 
 from __future__ import annotations

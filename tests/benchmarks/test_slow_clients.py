@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from benchmarks.slow_clients import attack, render
+from benchmarks.slow_clients import app, attack, render
 from tests.service.live_server import LiveServer, live_server
 
 QUICK_CUTS = {
@@ -45,3 +46,9 @@ def test_the_report_gives_p99_with_over_without() -> None:
     assert "| 2 | trickle | 1.00 | 5.00 | 2.50x |" in report
     assert "median of 2: **2.00x**" in report
     assert "lowest priority" in report
+
+
+def test_an_unknown_kind_is_refused_in_one_line() -> None:
+    result = CliRunner().invoke(app, ["--kind", "trickel", "--rounds", "1"])
+    assert result.exit_code == 2
+    assert "trickel; choose from trickle, idle" in result.output
