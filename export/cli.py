@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -14,9 +15,10 @@ from rich.table import Table
 
 from common.cli import line_console, one_command_app, print_error, print_warning
 from common.progress import ProgressLog
-from export.pipeline import ExportError, ExportResult, export_model, usage_problems
+from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
+from export.repository import served_teacher
 from export.variants import ALL_VARIANTS
-from service.manifest import Task
+from service.manifest import Task, TeacherRef
 
 console = line_console(stderr=True)
 
@@ -73,6 +75,7 @@ def _export(
     seed: int,
     eval_data: Path | None,
     max_length: int | None,
+    pair: PairSpec | None = None,
 ) -> ExportResult:
     """The export, followable: a spinner naming its step on a terminal, else plain lines at an interval."""
     with (
@@ -95,7 +98,56 @@ def _export(
             eval_data,
             progress=progress,
             max_length=max_length,
+            pair=pair,
         )
+
+
+def _report(result: ExportResult, eval_data: Path | None) -> None:
+    """The summary table and what was left out; exit 1 when nothing was written."""
+    table = _summary(result)
+    # A pipe gives 80 columns: a wide row (a 255 MB model, 1,773 rows) would lose cells to '…' there.
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    Console(stderr=True, width=max(console.width, natural)).print(table)
+    _explain_skipped(result, eval_data)
+    if result.version_dir is None:
+        print_error("fp32 failed its parity gate: nothing written")
+        raise typer.Exit(1)
+
+
+def _pair(
+    teacher_dir: Path,
+    teacher: str | None,
+    teacher_name: str,
+    export_teacher: partial[ExportResult],
+    eval_data: Path | None,
+) -> PairSpec:
+    """The teacher the student pairs with: the repository's `teacher` (NAME[:VERSION]) as it is, else
+    `teacher_dir` exported now as `teacher_name`."""
+    if teacher is not None:
+        name, _, version = teacher.partition(":")
+        if version and not version.isdigit():
+            raise ValueError(f"--teacher {teacher!r}: NAME or NAME:VERSION, the version a number")
+        repository = export_teacher.keywords["repository"]
+        return PairSpec(served_teacher(repository, name, int(version) if version else None), teacher_dir)
+    console.print(f"exporting the teacher {teacher_dir} as {teacher_name}")
+    result = export_teacher(teacher_dir, name=teacher_name)
+    _report(result, eval_data)
+    assert result.version_dir is not None  # _report exits otherwise
+    console.print(f"[green]wrote {result.version_dir}")
+    return PairSpec(TeacherRef(name=teacher_name, version=int(result.version_dir.name)), teacher_dir)
+
+
+def _say_pair(result: ExportResult, pair: PairSpec) -> None:
+    teacher = f"{pair.teacher.name} version {pair.teacher.version}"
+    if result.cascade is None:
+        print_warning(f"paired with {teacher}; without --eval-data no cascade threshold was calibrated")
+        return
+    c = result.cascade
+    console.print(
+        f"paired with {teacher}: cascade threshold {c.threshold:.4f} sends {c.fallback_rate:.1%} of "
+        f"{c.eval_examples} eval inputs to the teacher and agrees with it on {c.agreement:.2%} "
+        f"(target {c.target_agreement:.2%}; the student alone {c.student_agreement:.2%})"
+    )
 
 
 def main(
@@ -125,6 +177,33 @@ def main(
             "default: the model's limit. Give the length it was trained on to make them agree."
         ),
     ] = None,
+    teacher_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The student's teacher (HF directory): exported first as --teacher-name, or paired as it is "
+            "with --teacher; the student's manifest names it and, with --eval-data, carries the cascade's "
+            "calibrated threshold."
+        ),
+    ] = None,
+    teacher_name: Annotated[
+        str | None, typer.Option(help="Name the teacher is exported under; default: NAME-teacher.")
+    ] = None,
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            help="Pair with a teacher already in the repository, NAME or NAME:VERSION (default its highest "
+            "version), instead of exporting --teacher-dir again."
+        ),
+    ] = None,
+    cascade_target: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="The share of eval inputs on which the cascade (student, unsure inputs to the teacher) must "
+            "agree with the teacher alone; the lowest threshold that reaches it is written.",
+        ),
+    ] = 0.99,
     opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated parity inputs.")] = 0,
 ) -> None:
@@ -139,21 +218,27 @@ def main(
         print_error(problem)
     if problems:
         raise typer.Exit(2)
+    if teacher is not None and teacher_dir is None:
+        print_error("--teacher names an exported teacher: give its HF directory as --teacher-dir too")
+        raise typer.Exit(2)
     try:
+        pair = None
+        if teacher_dir is not None:
+            export_teacher = partial(
+                _export, task=cast(Task, task), repository=repository, variants=wanted, opset=opset,
+                seed=seed, eval_data=eval_data, max_length=max_length,
+            )  # fmt: skip
+            found = _pair(teacher_dir, teacher, teacher_name or f"{name}-teacher", export_teacher, eval_data)
+            pair = PairSpec(found.teacher, found.teacher_dir, cascade_target)
         result = _export(
-            model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data, max_length
+            model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data, max_length, pair
         )
     except (ExportError, ValueError, OSError) as e:  # the model or the data: the user's to fix
         print_error(f"export failed: {e}")
         raise typer.Exit(1) from e
-    table = _summary(result)
-    # A pipe gives 80 columns: a wide row (a 255 MB model, 1,773 rows) would lose cells to '…' there.
-    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
-    Console(stderr=True, width=max(console.width, natural)).print(table)
-    _explain_skipped(result, eval_data)
-    if result.version_dir is None:
-        print_error("fp32 failed its parity gate: nothing written")
-        raise typer.Exit(1)
+    _report(result, eval_data)
+    if pair is not None:
+        _say_pair(result, pair)
     console.print(f"[green]wrote {result.version_dir}")
     print(result.version_dir, file=sys.stdout)
 

@@ -15,6 +15,7 @@ from typing import Any
 import onnxruntime as ort
 
 from common.provenance import git_revision, sha256_of
+from export.calibration import CASCADE_TASKS, calibrate_pair
 from export.chat import chat_spec
 from export.greedy import greedy_match
 from export.onnx_export import describe_graph, export_onnx
@@ -43,12 +44,14 @@ from export.variants import (
 )
 from service.manifest import (
     MODEL_NAME_PATTERN,
+    CascadeCalibration,
     DistillationRecord,
     GenerationLayout,
     Manifest,
     ModelScore,
     SpecialTokens,
     Task,
+    TeacherRef,
     TokenizerSpec,
     VariantSpec,
 )
@@ -83,6 +86,7 @@ class ExportResult:
     variants: list[VariantResult] = field(default_factory=list)
     max_length: int | None = None  # the window the manifest gives the service
     trained_length: int | None = None  # the longest sequence the model was trained on, when a report says
+    cascade: CascadeCalibration | None = None  # a pair's calibrated cascade, as the manifest records it
 
 
 def trained_length(model_dir: Path) -> int | None:
@@ -129,6 +133,16 @@ def distillation_record(model_dir: Path) -> DistillationRecord | None:
         eval_source=evaluation.get("source"),
         eval_examples=evaluation.get("examples"),
     )
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A student exported as the pair of a teacher already in the repository: `teacher` as served, its
+    HF directory (the calibration's reference), and the agreement the cascade should reach."""
+
+    teacher: TeacherRef
+    teacher_dir: Path
+    target: float = 0.99
 
 
 @dataclass
@@ -308,12 +322,14 @@ def export_model(
     progress: Callable[[str], None] = lambda message: None,
     max_length: int | None = None,
     require_eval_data: bool = True,
+    pair: PairSpec | None = None,
 ) -> ExportResult:
     """Export, gate every variant on parity, and write the ones that pass as the next version.
 
     `max_length` narrows the window the service accepts (e.g. to the length the model was trained on).
     Without `eval_data`, fp16 and int8 cannot be checked and are not written, unless `require_eval_data`
-    is False (speed benchmarks of random-weight models, whose answers mean nothing anyway)."""
+    is False (speed benchmarks of random-weight models, whose answers mean nothing anyway). `pair` names
+    the served teacher this student pairs with, and calibrates their cascade (with `eval_data`)."""
     problems = usage_problems(task, name, repository, variants, eval_data, max_length)
     if problems:
         raise ExportError("; ".join(problems))
@@ -325,8 +341,16 @@ def export_model(
     progress("running PyTorch over the parity inputs")
     parity = _prepare_parity(spec, model, tokenizer, max_length, eval_data, seed)
     parity.require_eval_data = require_eval_data
+    cascade = None
+    if pair is not None and eval_data is not None and spec.task in CASCADE_TASKS:
+        teacher = load_reference(pair.teacher_dir, spec)
+        cascade = calibrate_pair(
+            (model, tokenizer), teacher, task, eval_data, pair.target, max_length, progress=progress
+        )
 
-    result = ExportResult(version_dir=None, max_length=max_length, trained_length=trained_length(model_dir))
+    result = ExportResult(
+        version_dir=None, max_length=max_length, trained_length=trained_length(model_dir), cascade=cascade
+    )
     with tempfile.TemporaryDirectory(prefix="distilserve-export-") as tmp:
         work = Path(tmp)
         export_dir = work / "onnx"
@@ -357,6 +381,8 @@ def export_model(
             tokenizer_file,
             parity.layout,
             model_dir,
+            pair.teacher if pair is not None else None,
+            cascade,
         )
         progress(f"writing {name} into {repository}")
         result.version_dir = write_version(repository, name, files, manifest_for)
@@ -375,6 +401,8 @@ def _manifest_builder(
     tokenizer_file: Path,
     layout: GenerationLayout | None,
     model_dir: Path,
+    teacher: TeacherRef | None,
+    cascade: CascadeCalibration | None,
 ) -> Callable[[int], Manifest]:
     inputs, outputs, opset_used = describe_graph(fp32)
     variant_specs = {
@@ -428,6 +456,8 @@ def _manifest_builder(
             generation=layout,
             chat=chat,
             distillation=distillation_record(model_dir),
+            teacher=teacher,
+            cascade=cascade,
             opset=opset_used,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             git_revision=git_revision(),

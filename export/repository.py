@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from service.manifest import MANIFEST_FILE, Manifest
+from service.manifest import MANIFEST_FILE, Manifest, TeacherRef
 
 
 def existing_versions(model_root: Path) -> list[int]:
@@ -58,3 +58,18 @@ def write_version(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def served_teacher(repository: Path, name: str, version: int | None = None) -> TeacherRef:
+    """A teacher already in the repository, as a student's manifest names it: `version`, else the highest.
+
+    Only a version whose manifest validates can be named: the service would not serve another."""
+    versions = existing_versions(repository / name)
+    if not versions:
+        raise ValueError(f"{repository} holds no model {name!r} to pair with")
+    chosen = max(versions) if version is None else version
+    if chosen not in versions:
+        raise ValueError(f"{name!r} has no version {chosen} in {repository} (has {versions})")
+    path = repository / name / str(chosen) / MANIFEST_FILE
+    Manifest.model_validate_json(path.read_text(encoding="utf-8"))
+    return TeacherRef(name=name, version=chosen)

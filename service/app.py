@@ -17,6 +17,7 @@ from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.task_lane import ServiceApp
+from service.cascade import Pairs
 from service.exchange import TextLimits
 from service.ipc import Executions
 from service.metrics import Metrics
@@ -106,7 +107,8 @@ def create_app(
         app.state.engine = engine
         models = await engine.open()
         app.state.registry = ModelRegistry(models)
-        app.state.collaborators = Collaborators(settings, metrics, app.state.registry)
+        pairs = Pairs(app.state.registry, settings, metrics)
+        app.state.collaborators = Collaborators(settings, metrics, app.state.registry, pairs)
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
         if loaded is not None:

@@ -157,6 +157,30 @@ class DistillationRecord(_Strict):
     eval_examples: int | None = None
 
 
+class TeacherRef(_Strict):
+    """The model version a student was distilled from, as the same repository serves it."""
+
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    version: int = Field(gt=0)
+
+
+class CascadeCalibration(_Strict):
+    """How the student hands inputs to its teacher (common.cascade): an input whose confidence (the score of
+    the student's best answer) is below `threshold` is answered by the teacher. Measured at export on
+    `eval_examples` inputs of `eval_source`: the share sent to the teacher and the resulting agreement with
+    the teacher alone, against the student's own."""
+
+    # the best answer's score: the top label's, the best span's or the top token's probability
+    confidence: Literal["top-score"] = "top-score"
+    threshold: float = Field(ge=0.0)
+    target_agreement: float = Field(ge=0.0, le=1.0)
+    agreement: float = Field(ge=0.0, le=1.0)
+    fallback_rate: float = Field(ge=0.0, le=1.0)
+    student_agreement: float = Field(ge=0.0, le=1.0)
+    eval_examples: int = Field(gt=0)
+    eval_source: str | None = None
+
+
 class Manifest(_Strict):
     """Everything the service trusts about one model version."""
 
@@ -177,6 +201,8 @@ class Manifest(_Strict):
     generation: GenerationLayout | None = None
     chat: ChatTemplateSpec | None = None  # text-generation only; absent: no /v1/chat/completions
     distillation: DistillationRecord | None = None
+    teacher: TeacherRef | None = None  # a student exported as a pair: the served model it was distilled from
+    cascade: CascadeCalibration | None = None  # the pair's cascade threshold, calibrated at export
     opset: int | None = None
     created_at: str | None = None
     git_revision: str | None = None
@@ -192,6 +218,10 @@ class Manifest(_Strict):
             raise ValueError("text-generation needs 'generation' (the KV-cache layout)")
         if self.chat is not None and self.task != "text-generation":
             raise ValueError("only text-generation models have a chat template")
+        if self.cascade is not None and self.teacher is None:
+            raise ValueError("a cascade calibration needs the 'teacher' it falls back to")
+        if self.teacher is not None and self.teacher.name == self.name:
+            raise ValueError("a model cannot be its own teacher")
         if "fp32" not in self.variants:
             raise ValueError(
                 "every model needs the 'fp32' variant (the reference the others are checked against)"

@@ -187,6 +187,19 @@ class Metrics:
         self.generated_tokens = Counter(
             "distilserve_generated_tokens", "Tokens generated.", ["model"], registry=r
         )
+        # the cascade (service.cascade): fallback rate = fallbacks / inputs; teacher load = fallbacks
+        self.cascade_inputs = Counter(
+            "distilserve_cascade_inputs",
+            "Inputs a student with a served teacher answered first (cascade on).",
+            ["model"],
+            registry=r,
+        )
+        self.cascade_fallbacks = Counter(
+            "distilserve_cascade_fallbacks",
+            "Inputs below the cascade's threshold, answered by the student's teacher instead.",
+            ["model", "teacher"],
+            registry=r,
+        )
         self.time_to_first_token = Histogram(
             "distilserve_time_to_first_token_seconds",
             "From arrival to the first generated token.",

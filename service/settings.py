@@ -80,6 +80,19 @@ class Settings(BaseSettings):
         "Unset: 0.95 on CPU (compute-bound: a padded token costs what a real one does), 0.85 on a GPU.",
     )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
+    cascade: Literal["on", "off"] = Field(
+        "on",
+        description="A student exported as a pair with its teacher hands inputs whose confidence is below "
+        "the pair's calibrated threshold to the teacher (classification, QA, fill-mask); off: students "
+        "answer alone. A request's own cascade_threshold applies either way.",
+    )
+    cascade_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="One threshold for every pair instead of each pair's calibrated one (0: the student "
+        "answers everything).",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")
     gen_max_batch: int = Field(16, ge=1, description="Sequences decoded together by the generation engine.")
     gen_max_cached_tokens: int = Field(

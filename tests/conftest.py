@@ -88,3 +88,64 @@ def optimum_lm_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models:
         )
     assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
     return repository
+
+
+PAIR_NAMES = {"text-classification": "cls", "question-answering": "qa", "fill-mask": "mlm"}
+
+
+def write_eval_data(task: str, out: Path) -> Path:
+    """A small eval file of the task's format (training.data's loaders), from the tiny models' corpus."""
+    import json
+
+    from tests.tiny_models import CORPUS
+
+    lines = sorted(set(CORPUS))
+    if task == "text-classification":
+        path = out / "eval.jsonl"
+        rows = [{"text": f"{a} {b}", "label": i % 2} for i, a in enumerate(lines) for b in lines]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    elif task == "question-answering":
+        path = out / "eval.json"
+        context = " ".join(lines)
+        qas = [
+            {
+                "id": f"q{i}",
+                "question": q,
+                "answers": [{"text": "John Smith", "answer_start": context.index("John")}],
+            }
+            for i, q in enumerate(
+                ["Who founded Acme?", "When was it founded?", "Where is Springfield?", "Who?"]
+            )
+        ]
+        path.write_text(
+            json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]})
+        )
+    else:
+        path = out / "eval.txt"
+        path.write_text("\n".join(f"{a} {b}" for a in lines for b in lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pair_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Per encoder task, an untrained tiny teacher (`<name>-teacher`) and a student of another seed paired
+    with it (`<name>`, its cascade calibrated for 99 % agreement on the task's eval file)."""
+    from export.pipeline import PairSpec, export_model
+    from service.manifest import TeacherRef
+    from tests.tiny_models import build_tiny
+
+    root = tmp_path_factory.mktemp("pairs")
+    repository = root / "models"
+    for task, name in PAIR_NAMES.items():
+        (root / task).mkdir()
+        eval_data = write_eval_data(task, root / task)
+        teacher_dir = build_tiny(task, root / task / "teacher", seed=0)
+        student_dir = build_tiny(task, root / task / "student", seed=1)
+        teacher = export_model(
+            teacher_dir, task, f"{name}-teacher", repository, ("fp32",), eval_data=eval_data
+        )  # type: ignore[arg-type]
+        assert teacher.version_dir is not None
+        pair = PairSpec(TeacherRef(name=f"{name}-teacher", version=1), teacher_dir, 0.99)
+        student = export_model(student_dir, task, name, repository, ("fp32",), eval_data=eval_data, pair=pair)  # type: ignore[arg-type]
+        assert student.version_dir is not None and student.cascade is not None
+    return repository

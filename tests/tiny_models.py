@@ -134,8 +134,9 @@ def tiny_bert_settings(vocab_size: int, layers: int = 2, positions: int = 128, *
     )
 
 
-def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
-    """`positions`: the window (a long one makes generation take long enough to watch it stream)."""
+def build_tiny(task: str, out: Path, positions: int = 64, seed: int = 0) -> Path:
+    """`positions`: the window (a long one makes generation take long enough to watch it stream); `seed`:
+    another seed gives another model of the same shape (a cascade's student beside its teacher)."""
     import torch
     from transformers import (
         BertConfig,
@@ -146,7 +147,7 @@ def build_tiny(task: str, out: Path, positions: int = 64) -> Path:
         GPT2LMHeadModel,
     )
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     if task == "text-generation":
         tokenizer = _bpe()
         config = GPT2Config(

@@ -32,6 +32,7 @@ from service.metrics import Metrics
 
 REQUEST_ID_HEADER = "X-Request-ID"
 TRUNCATED_HEADER = "X-Distilserve-Truncated"
+ANSWERED_BY_HEADER = "X-Distilserve-Answered-By"  # a cascade's student, its teacher, or both
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 POSTED_READS = frozenset({"/v2/repository/index"})
 
@@ -118,6 +119,8 @@ class ExchangeMiddleware:
                 headers[REQUEST_ID_HEADER] = x.request_id
                 if x.truncated is not None:
                     headers[TRUNCATED_HEADER] = str(x.truncated)
+                if x.answered_by:
+                    headers[ANSWERED_BY_HEADER] = ", ".join(x.answered_by)
             await send(message)
 
         if counted:

@@ -19,7 +19,10 @@ router = APIRouter(tags=["models"])
 async def list_models(c: Collaborators = Depends(collaborators)) -> ModelList:
     frontends = frontend_count(c.settings)
     return ModelList(
-        models=[ModelCard.model_validate(m.describe() | {"frontends": frontends}) for m in c.registry.all()],
+        models=[
+            ModelCard.model_validate(m.describe() | c.pairs.describe(m) | {"frontends": frontends})
+            for m in c.registry.all()
+        ],
         data=[_openai(c.registry.get(name)) for name in c.registry.names()],
     )
 

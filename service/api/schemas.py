@@ -7,6 +7,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 
+class TeacherCard(BaseModel):
+    name: str
+    version: int
+
+
 class ModelCard(BaseModel):
     name: str
     version: int
@@ -27,6 +32,14 @@ class ModelCard(BaseModel):
         "parity gate): the reason `variant` is what it is."
     )
     distillation: dict[str, Any] | None
+    teacher: TeacherCard | None = Field(
+        None, description="A student's teacher, as served here (its manifest names it); null otherwise."
+    )
+    cascade: dict[str, Any] | None = Field(
+        None,
+        description="A student with a teacher: whether unsure inputs go to the teacher (`active`), at which "
+        "`threshold`, the export's `calibration`, and `reason` when off.",
+    )
     chat: bool | None = Field(
         None,
         description="Generation models: whether /v1/chat/completions serves it (exported with a chat "

@@ -7,7 +7,7 @@ probabilities once per batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +19,7 @@ from service.tasks.common import (
     check_chars,
     enforce_window,
     label_order,
+    passed,
     per_text_endpoint,
     run_all,
     strings,
@@ -26,9 +27,9 @@ from service.tasks.common import (
     validated,
 )
 from service.tasks.contract import (
+    CascadeRequest,
     Endpoint,
     EngineAsks,
-    ModelRequest,
     ServedTask,
     Texts,
     V2Interface,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 NAME = "text-classification"
 
 
-class ClassifyRequest(ModelRequest):
+class ClassifyRequest(CascadeRequest):
     inputs: Texts = Field(
         ..., description="One text or a list of texts.", examples=["I loved this film, it was wonderful"]
     )
@@ -53,6 +54,7 @@ class ClassifyRequest(ModelRequest):
 class LabelScore(TypedDict):
     label: str
     score: float
+    model: str  # the model that answered (a student, or its teacher for an unsure input)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -70,12 +72,12 @@ def with_probabilities(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**outputs, "probabilities": softmax(outputs["logits"].astype(np.float64))}
 
 
-def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int) -> list[LabelScore]:
+def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int, model: str) -> list[LabelScore]:
     """Best `top_k` labels of one row of probabilities, highest first (ties: lower label id first);
     top_k beyond the labels is clamped."""
     scores: list[float] = probabilities.tolist()
     order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)[: max(1, top_k)]
-    return [LabelScore(label=labels.get(i, f"LABEL_{i}"), score=scores[i]) for i in order]
+    return [LabelScore(label=labels.get(i, f"LABEL_{i}"), score=scores[i], model=model) for i in order]
 
 
 async def classify(
@@ -86,14 +88,21 @@ async def classify(
         encoded = model.encoder.encode(texts)
     enforce_window(encoded, model.encoder.max_length, x)
     outputs = await run_all(model, encoded, timeout_s, x)
-    return [top_labels(o["probabilities"], model.manifest.labels, top_k) for o in outputs]
+    labels = model.manifest.labels
+    return [top_labels(o["probabilities"], labels, top_k, model.name) for o in outputs]
 
 
 async def infer(job: V2Job) -> dict[str, np.ndarray]:
     texts = job.texts["TEXT"]
-    validated(ClassifyRequest, {"inputs": texts}, {"inputs": "TEXT"})
+    body = validated(
+        ClassifyRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
+    )
     labels = label_order(job.model)
-    rows = await classify(job.model, texts, len(labels), job.c.metrics, job.timeout_s, job.x)
+
+    def answer(model: ServedModel, some: Sequence[str]) -> Awaitable[list[list[LabelScore]]]:
+        return classify(model, some, len(labels), job.c.metrics, job.timeout_s, job.x)
+
+    rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
     scores = [{r["label"]: r["score"] for r in row} for row in rows]
     return {
         "LABEL": strings([row[0]["label"] for row in rows]),
@@ -116,7 +125,7 @@ TASK = ServedTask(
     v2=V2Interface(
         inputs=("TEXT",),
         outputs=(tensor("LABEL", "BYTES"), tensor("SCORE", "FP32"), tensor("SCORES", "FP32", 2)),
-        parameters=(),
+        parameters=("cascade_threshold",),
         run=infer,
     ),
     engine=EngineAsks(finish=with_probabilities),

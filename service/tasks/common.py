@@ -30,18 +30,25 @@ class TextsRequest(Protocol):
     version: int | None
     inputs: str | list[str]
     top_k: int
+    cascade_threshold: float | None
 
 
 PerText = Callable[["ServedModel", Sequence[str], int, "Metrics", float, Exchange], Awaitable[list[R]]]
 
 
 def per_text_endpoint(task: str, run: PerText[R]) -> Handler:
-    """The handler of a task that answers each text on its own: one text -> its answer, a list -> a list."""
+    """The handler of a task that answers each text on its own: one text -> its answer, a list -> a list.
+    A student with a served teacher hands its unsure texts over (service.cascade)."""
 
     async def handle(body: TextsRequest, x: Exchange, c: Collaborators) -> R | list[R]:
         model = c.resolve(task, body.model, body.version, x)
         texts = c.texts(body.inputs, x)
-        rows = await run(model, texts, body.top_k, c.metrics, c.settings.request_timeout_s, x)
+        timeout_s = c.settings.request_timeout_s
+
+        def answer(served: ServedModel, some: Sequence[str]) -> Awaitable[list[R]]:
+            return run(served, some, body.top_k, c.metrics, timeout_s, x)
+
+        rows = await c.pairs.answer(model, texts, answer, body.cascade_threshold, x)
         return rows[0] if isinstance(body.inputs, str) else rows
 
     return handle

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from service.exchange import Exchange
 
 if TYPE_CHECKING:
+    from service.cascade import Pairs
     from service.manifest import Manifest
     from service.metrics import Metrics
     from service.registry import ModelRegistry
@@ -73,6 +74,18 @@ class ModelRequest(BaseModel):
     version: int | None = Field(None, ge=1, description="Pin a model version; default: the highest.")
 
 
+class CascadeRequest(ModelRequest):
+    """A request a student may hand in part to its teacher (service.cascade)."""
+
+    cascade_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Inputs whose best answer scores below this go to the student's teacher; default: the "
+        "pair's calibrated threshold (0: the student answers everything). No effect without a teacher.",
+    )
+
+
 @dataclass(frozen=True)
 class Collaborators:
     """What every task endpoint is handed besides its body and its exchange, built once at start-up."""
@@ -80,6 +93,7 @@ class Collaborators:
     settings: Settings
     metrics: Metrics
     registry: ModelRegistry
+    pairs: Pairs  # each student's teacher (service.cascade)
 
     def resolve(self, task: str, name: str | None, version: int | None, x: Exchange) -> ServedModel:
         """The model that answers (service.registry's rules); the exchange is told which it is."""

@@ -7,7 +7,7 @@ sends back only the logits at the mask position, not a vocabulary-wide row per t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,10 +27,10 @@ from service.tasks.common import (
     validated,
 )
 from service.tasks.contract import (
+    CascadeRequest,
     Endpoint,
     EngineAsks,
     InvalidInputError,
-    ModelRequest,
     ServedTask,
     Texts,
     V2Interface,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 NAME = "fill-mask"
 
 
-class FillMaskRequest(ModelRequest):
+class FillMaskRequest(CascadeRequest):
     inputs: Texts = Field(
         ..., description="Text(s) with exactly one mask token each.", examples=["I loved this [MASK]."]
     )
@@ -58,6 +58,7 @@ class Candidate(TypedDict):
     token_str: str
     score: float
     sequence: str
+    model: str  # the model that answered (a student, or its teacher for an unsure input)
 
 
 def mask_positions(input_ids: np.ndarray, mask_token_id: int) -> np.ndarray:
@@ -108,6 +109,7 @@ async def fill_mask(
                     token_str=model.encoder.decode([token_id]),
                     score=score,
                     sequence=model.encoder.decode(ids.tolist()),
+                    model=model.name,
                 )
             )
         results.append(candidates)
@@ -119,7 +121,11 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     body = validated(
         FillMaskRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
     )
-    rows = await fill_mask(job.model, texts, body.top_k, job.c.metrics, job.timeout_s, job.x)
+
+    def answer(model: ServedModel, some: Sequence[str]) -> Awaitable[list[list[Candidate]]]:
+        return fill_mask(model, some, body.top_k, job.c.metrics, job.timeout_s, job.x)
+
+    rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
     shape = (len(rows), len(rows[0]))
     return {
         "TOKEN_STR": strings([c["token_str"] for row in rows for c in row]).reshape(shape),
@@ -150,7 +156,7 @@ TASK = ServedTask(
             tensor(n, t, 2)
             for n, t in (("TOKEN_STR", "BYTES"), ("TOKEN", "INT64"), ("SCORE", "FP32"), ("SEQUENCE", "BYTES"))
         ),
-        parameters=("top_k",),
+        parameters=("top_k", "cascade_threshold"),
         run=infer,
     ),
     engine=EngineAsks(gather_token=mask_token),

@@ -7,7 +7,7 @@ ANSWER); parameters max_answer_length, doc_stride, handle_impossible_answer as i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,10 +19,10 @@ from common.spans import null_score, offsets_array, span_probabilities, top_span
 from service.exchange import Exchange
 from service.tasks.common import check_chars, passed, run_all, strings, tokenizing, validated
 from service.tasks.contract import (
+    CascadeRequest,
     Collaborators,
     Endpoint,
     InvalidInputError,
-    ModelRequest,
     ServedTask,
     V2Interface,
     V2Job,
@@ -44,7 +44,7 @@ class QAItem(BaseModel):
     context: str = Field(..., min_length=1, pattern=r"\S", description="The text that holds the answer.")
 
 
-class QARequest(ModelRequest):
+class QARequest(CascadeRequest):
     """One question (`question` + `context`) or several (`inputs`: a list of them)."""
 
     question: str | None = Field(None, min_length=1, pattern=r"\S", examples=["Who founded Acme?"])
@@ -80,9 +80,11 @@ class Answer(TypedDict):
     score: float
     start: Annotated[int, Field(description="Character offset of the answer in the context.")]
     end: Annotated[int, Field(description="context[start:end] == answer.")]
+    model: Annotated[str, Field(description="The model that answered (a student, or its teacher).")]
 
 
-NO_ANSWER = Answer(answer="", score=0.0, start=0, end=0)
+def no_answer(model: str) -> Answer:
+    return Answer(answer="", score=0.0, start=0, end=0, model=model)
 
 
 def doc_stride(max_length: int, room: int, requested: int | None) -> int:
@@ -137,7 +139,7 @@ async def answer_all(
     outputs = await run_all(model, [w for pair in windows for w in pair], timeout_s, x)
     answers, taken = [], 0
     for (_, context), pair in zip(pairs, windows, strict=True):
-        answers.append(_answers(context, pair, outputs[taken : taken + len(pair)], rules))
+        answers.append(_answers(context, pair, outputs[taken : taken + len(pair)], rules, model.name))
         taken += len(pair)
     return answers
 
@@ -162,7 +164,11 @@ def _windows(
 
 
 def _answers(
-    context: str, windows: list[EncodedText], outputs: Sequence[dict[str, np.ndarray]], rules: SpanRules
+    context: str,
+    windows: list[EncodedText],
+    outputs: Sequence[dict[str, np.ndarray]],
+    rules: SpanRules,
+    model: str,
 ) -> list[Answer]:
     """The best spans over all of a context's windows, best first."""
     width = max(len(w) for w in windows)
@@ -172,13 +178,18 @@ def _answers(
     spans = top_spans(start, end, offsets, top_k=rules.top_k, max_answer_length=rules.max_answer_length)
     probabilities = span_probabilities(start, end, offsets, spans, max_answer_length=rules.max_answer_length)
     answers = [
-        Answer(answer=context[s.start_char : s.end_char], score=p, start=s.start_char, end=s.end_char)
+        Answer(
+            answer=context[s.start_char : s.end_char],
+            score=p,
+            start=s.start_char,
+            end=s.end_char,
+            model=model,
+        )
         for s, p in zip(spans, probabilities, strict=True)
     ]
     if rules.handle_impossible_answer and (not spans or null_score(start, end) > spans[0].score):
-        answers.insert(
-            0, Answer(answer="", score=1.0 if not spans else _null_probability(start, end), start=0, end=0)
-        )
+        score = 1.0 if not spans else _null_probability(start, end)
+        answers.insert(0, Answer(answer="", score=score, start=0, end=0, model=model))
         answers = answers[: rules.top_k]
     return answers
 
@@ -193,6 +204,23 @@ def _null_probability(start: np.ndarray, end: np.ndarray) -> float:
     return float((softmax_first(start) * softmax_first(end)).min())
 
 
+async def cascaded(
+    model: ServedModel,
+    pairs: Sequence[tuple[str, str]],
+    rules: SpanRules,
+    threshold: float | None,
+    c: Collaborators,
+    timeout_s: float,
+    x: Exchange,
+) -> list[list[Answer]]:
+    """answer_all by the model, and by its teacher for the pairs it is unsure of (service.cascade)."""
+
+    def answer(served: ServedModel, some: Sequence[tuple[str, str]]) -> Awaitable[list[list[Answer]]]:
+        return answer_all(served, some, rules, c.metrics, timeout_s, x)
+
+    return await c.pairs.answer(model, pairs, answer, threshold, x)
+
+
 async def handle(
     body: QARequest, x: Exchange, c: Collaborators
 ) -> Answer | list[Answer] | list[list[Answer]]:
@@ -200,9 +228,9 @@ async def handle(
     pairs = body.pairs()
     c.check_batch(len(pairs), x)
     rules = SpanRules(body.top_k, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
-    results = await answer_all(model, pairs, rules, c.metrics, c.settings.request_timeout_s, x)
+    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, c.settings.request_timeout_s, x)
     if body.top_k == 1:
-        flat = [r[0] if r else NO_ANSWER for r in results]
+        flat = [r[0] if r else no_answer(model.name) for r in results]
         return flat[0] if body.inputs is None else flat
     return results[0] if body.inputs is None else results
 
@@ -213,8 +241,9 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     names = {"question": "QUESTION", "context": "CONTEXT", "inputs": "QUESTION/CONTEXT"}
     body = validated(QARequest, {"inputs": pairs, **passed(job, TASK.v2.parameters)}, names)
     rules = SpanRules(1, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
-    results = await answer_all(job.model, body.pairs(), rules, job.c.metrics, job.timeout_s, job.x)
-    best = [r[0] if r else NO_ANSWER for r in results]
+    threshold = body.cascade_threshold
+    results = await cascaded(job.model, body.pairs(), rules, threshold, job.c, job.timeout_s, job.x)
+    best = [r[0] if r else no_answer(job.model.name) for r in results]
     return {
         "ANSWER": strings([a["answer"] for a in best]),
         "SCORE": np.array([a["score"] for a in best], dtype=np.float32),
@@ -242,7 +271,7 @@ TASK = ServedTask(
             tensor("START", "INT64"),
             tensor("END", "INT64"),
         ),
-        parameters=("max_answer_length", "doc_stride", "handle_impossible_answer"),
+        parameters=("max_answer_length", "doc_stride", "handle_impossible_answer", "cascade_threshold"),
         run=infer,
     ),
 )

@@ -77,7 +77,7 @@ def test_classify_matches_the_pytorch_student(settings: Settings, demo_pair: tup
     one, many = run_with_client(settings, body)
     assert one.status_code == 200 and many.status_code == 200
     single = one.json()
-    assert isinstance(single, list) and set(single[0]) == {"label", "score"} and len(single) == 1
+    assert isinstance(single, list) and set(single[0]) == {"label", "score", "model"} and len(single) == 1
     expected = torch_probabilities(demo_pair[1], SENTENCES)
     labels = {0: "negative", 1: "positive"}
     for row, probs in zip(many.json(), expected, strict=True):

@@ -275,7 +275,7 @@ def test_requests_through_two_frontends_meet_in_one_engine_batch(gated: Gated) -
         link.close()
 
     assert [a.status for a in answers] == [200] * len(links), [a.body for a in answers]
-    assert all(len(a.json()) == 1 and set(a.json()[0]) == {"label", "score"} for a in answers)
+    assert all(len(a.json()) == 1 and set(a.json()[0]) == {"label", "score", "model"} for a in answers)
     assert gated.calls()[done:] == [1, len(links)]  # the occupier's call, then one call for all six
     after = gated.metrics()
     for series, grew_by in (

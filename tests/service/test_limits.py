@@ -103,7 +103,7 @@ def test_long_texts_are_truncated_and_the_header_says_how_many(client: TestClien
     assert [len(row) for row in r.json()] == [1, 1, 1]  # the HF pipeline's shape is untouched
     one = client.post("/v1/classify", json={"inputs": SHORT})
     assert one.headers["X-Distilserve-Truncated"] == "0"
-    assert set(one.json()[0]) == {"label", "score"}
+    assert set(one.json()[0]) == {"label", "score", "model"}
     masked = client.post("/v1/fill-mask", json={"inputs": "I loved this [MASK]. " + LONG})
     assert masked.status_code == 200 and masked.headers["X-Distilserve-Truncated"] == "1"
 

@@ -67,7 +67,7 @@ def test_the_answer_is_the_response_models_json(client: TestClient) -> None:
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/json"
     rows = r.json()
-    assert [[set(item) for item in row] for row in rows] == [[{"label", "score"}] * 2] * 2
+    assert [[set(item) for item in row] for row in rows] == [[{"label", "score", "model"}] * 2] * 2
     for row in rows:
         assert row[0]["score"] >= row[1]["score"]
         assert sum(item["score"] for item in row) == pytest.approx(1.0)

@@ -1,0 +1,76 @@
+"""The cascade's calibration: the lowest confidence threshold at which student-then-teacher answers agree
+with the teacher alone on a target share of inputs. Pure numpy: export calibrates with it, tests check it.
+
+A cascade answers an input with the student when the student's confidence (the score of its best answer:
+the top label's probability, the best span's, the top token's) is at least the threshold, else with the
+teacher. An input the teacher answers agrees with the teacher by definition, so the cascade's agreement at
+threshold t is 1 - (student answers at or above t that disagree) / N. Raising t sends more inputs to the
+teacher and never lowers agreement; the calibrated threshold is the lowest that reaches the target, so the
+fewest inputs reach the teacher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Scores = Sequence[float] | np.ndarray
+Flags = Sequence[bool] | np.ndarray
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a threshold does on the calibration inputs."""
+
+    threshold: float  # answer with the student when its confidence >= threshold
+    agreement: float  # the cascade's agreement with the teacher at that threshold
+    fallback_rate: float  # the share of inputs sent to the teacher
+    student_agreement: float  # the student alone
+    examples: int
+
+
+def _arrays(confidence: Scores, agrees: Flags) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(confidence, dtype=np.float64)
+    a = np.asarray(agrees, dtype=bool)
+    if c.shape != a.shape or c.ndim != 1 or c.size == 0:
+        raise ValueError(f"need as many confidences as agreements, at least one; got {c.shape}, {a.shape}")
+    return c, a
+
+
+def at_threshold(confidence: Scores, agrees: Flags, threshold: float) -> Calibration:
+    """The cascade's agreement and fallback rate at `threshold` on these inputs."""
+    c, a = _arrays(confidence, agrees)
+    to_teacher = c < threshold
+    disagreeing = int((~a & ~to_teacher).sum())
+    return Calibration(
+        threshold=float(threshold),
+        agreement=1.0 - disagreeing / c.size,
+        fallback_rate=float(to_teacher.mean()),
+        student_agreement=float(a.mean()),
+        examples=int(c.size),
+    )
+
+
+def calibrate(confidence: Scores, agrees: Flags, target: float) -> Calibration:
+    """The lowest threshold whose cascade agrees with the teacher on at least `target` of the inputs.
+
+    Candidate thresholds are 0 (the student answers everything) and each distinct confidence (everything
+    below it goes to the teacher). A target the student alone meets gives 0; when only sending every input
+    would meet it, the threshold lies just above the highest confidence seen (the student answers nothing).
+    """
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"the target agreement is a share between 0 and 1, got {target}")
+    c, a = _arrays(confidence, agrees)
+    n = c.size
+    allowed = int(np.floor((1.0 - target) * n + 1e-9))  # disagreements the target leaves room for
+    values = np.unique(c)
+    order = np.argsort(c, kind="stable")
+    wrong_from = np.append(np.cumsum((~a[order])[::-1])[::-1], 0)  # disagreements among sorted[i:]
+    wrong_at = wrong_from[np.searchsorted(c[order], values, side="left")]  # ... among c >= each value
+    if int((~a).sum()) <= allowed:
+        return at_threshold(c, a, 0.0)
+    meeting = np.flatnonzero(wrong_at <= allowed)
+    threshold = float(values[meeting[0]]) if meeting.size else float(np.nextafter(values[-1], np.inf))
+    return at_threshold(c, a, threshold)

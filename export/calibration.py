@@ -1,0 +1,159 @@
+"""A student/teacher pair's cascade threshold, calibrated on the eval split (common.cascade).
+
+Both PyTorch models answer the same eval inputs as the service would answer them (the top label; the best
+span of the context, scored as the service scores it; the top token at the one mask) and the student's
+confidence is the score of its best answer, exactly what the service compares with the threshold.
+Inputs are read with each model's own tokenizer, so a pair need not share one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.cascade import calibrate
+from common.spans import NOT_CONTEXT, span_probabilities, top_spans
+from export.tasks import SPECS, eval_texts, first_mask_positions
+from service.manifest import CascadeCalibration
+
+CASCADE_TASKS = ("text-classification", "question-answering", "fill-mask")
+CALIBRATION_EXAMPLES = 2000
+MASK = "\x00mask\x00"  # where a fill-mask input's mask goes, before each model's own mask token replaces it
+BATCH = 32
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One model's best answer to each input, and its score (the confidence the cascade reads)."""
+
+    best: list[Hashable]
+    confidence: np.ndarray
+
+
+def masked_inputs(lines: Sequence[str], seed: int = 0, first_words: int = 32) -> list[str]:
+    """Eval lines with one word (of their first `first_words`) replaced by MASK: what a fill-mask client
+    sends. Lines of fewer than three words are left out."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for line in lines:
+        words = line.split()
+        if len(words) < 3:
+            continue
+        words[int(rng.integers(0, min(len(words), first_words)))] = MASK
+        out.append(" ".join(words))
+    return out
+
+
+def calibration_inputs(task: str, eval_data: Path, limit: int) -> list[Any]:
+    """The eval inputs the pair is calibrated on, in the task's shape."""
+    texts = eval_texts(SPECS[task], eval_data, limit)
+    return masked_inputs(texts) if task == "fill-mask" else list(texts)  # type: ignore[arg-type]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def answers(model: Any, tokenizer: Any, task: str, inputs: Sequence[Any], max_length: int) -> Answers:
+    """The model's best answer to each input and its score, in batches of BATCH."""
+    import torch
+
+    best: list[Hashable] = []
+    scores: list[float] = []
+    for start in range(0, len(inputs), BATCH):
+        chunk = inputs[start : start + BATCH]
+        with torch.no_grad():
+            part = _ANSWERS[task](model, tokenizer, chunk, max_length)
+        best += part.best
+        scores += part.confidence.tolist()
+    return Answers(best, np.asarray(scores, dtype=np.float64))
+
+
+def _classification(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int) -> Answers:
+    encoded = tokenizer(
+        list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt"
+    )
+    probabilities = _softmax(model(**encoded).logits.double().numpy())
+    return Answers(probabilities.argmax(axis=-1).tolist(), probabilities.max(axis=-1))
+
+
+def _question_answering(
+    model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int
+) -> Answers:
+    questions, contexts = zip(*pairs, strict=True)
+    encoded = tokenizer(
+        list(questions),
+        list(contexts),
+        truncation="only_second",
+        max_length=max_length,
+        padding=True,
+        return_offsets_mapping=True,
+        return_tensors="pt",
+    )
+    offsets = encoded.pop("offset_mapping").numpy()
+    out = model(**{k: v for k, v in encoded.items() if k in tokenizer.model_input_names})
+    start_logits, end_logits = out.start_logits.double().numpy(), out.end_logits.double().numpy()
+    best: list[Hashable] = []
+    scores = []
+    for row in range(len(pairs)):
+        context = np.array([s == 1 for s in encoded.sequence_ids(row)])
+        row_offsets = np.where(context[:, None], offsets[row], NOT_CONTEXT)[None]
+        start, end = start_logits[row : row + 1], end_logits[row : row + 1]
+        spans = top_spans(start, end, row_offsets)
+        best.append((spans[0].start_char, spans[0].end_char) if spans else None)
+        scores.append(span_probabilities(start, end, row_offsets, spans[:1])[0] if spans else 0.0)
+    return Answers(best, np.asarray(scores))
+
+
+def _fill_mask(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int) -> Answers:
+    own = [t.replace(MASK, tokenizer.mask_token) for t in texts]
+    encoded = tokenizer(own, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    logits = model(**encoded).logits
+    rows = first_mask_positions(encoded["input_ids"].numpy(), tokenizer.mask_token_id)
+    probabilities = _softmax(logits[np.arange(len(own)), rows].double().numpy())
+    top = probabilities.argmax(axis=-1)
+    # compared as text: a pair that does not share a vocabulary still agrees on a word
+    return Answers([tokenizer.decode([int(t)]).strip() for t in top], probabilities.max(axis=-1))
+
+
+_ANSWERS: dict[str, Callable[[Any, Any, Sequence[Any], int], Answers]] = {
+    "text-classification": _classification,
+    "question-answering": _question_answering,
+    "fill-mask": _fill_mask,
+}
+
+
+def calibrate_pair(
+    student: tuple[Any, Any],
+    teacher: tuple[Any, Any],
+    task: str,
+    eval_data: Path,
+    target: float,
+    max_length: int,
+    limit: int = CALIBRATION_EXAMPLES,
+    progress: Callable[[str], None] = lambda message: None,
+) -> CascadeCalibration:
+    """The pair's threshold for `target` agreement, from both models' answers to the eval inputs."""
+    inputs = calibration_inputs(task, eval_data, limit)
+    if not inputs:
+        raise ValueError(f"{eval_data} holds no input to calibrate the cascade on")
+    progress(f"cascade calibration: the student on {len(inputs)} eval inputs")
+    mine = answers(*student, task, inputs, max_length)
+    progress(f"cascade calibration: the teacher on {len(inputs)} eval inputs")
+    theirs = answers(*teacher, task, inputs, max_length)
+    agrees = [a == b for a, b in zip(mine.best, theirs.best, strict=True)]
+    found = calibrate(mine.confidence, agrees, target)
+    return CascadeCalibration(
+        threshold=found.threshold,
+        target_agreement=target,
+        agreement=found.agreement,
+        fallback_rate=found.fallback_rate,
+        student_agreement=found.student_agreement,
+        eval_examples=found.examples,
+        eval_source=str(eval_data),
+    )

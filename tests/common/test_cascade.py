@@ -1,0 +1,64 @@
+"""The cascade's calibration on constructed cases whose right threshold is known by hand."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from common.cascade import at_threshold, calibrate
+
+# Ten inputs by confidence; the student disagrees with the teacher at 0.55, 0.62 and 0.81.
+CONFIDENCE = [0.50, 0.55, 0.60, 0.62, 0.70, 0.75, 0.81, 0.90, 0.95, 0.99]
+AGREES = [True, False, True, False, True, True, False, True, True, True]
+
+
+@pytest.mark.parametrize(
+    ("target", "threshold", "fallback", "agreement"),
+    [
+        (0.7, 0.0, 0.0, 0.7),  # the student alone agrees on 7 of 10
+        (0.8, 0.60, 0.2, 0.8),  # 0.55's disagreement goes to the teacher with 0.50
+        (0.9, 0.70, 0.4, 0.9),  # and 0.62's, with 0.60
+        (1.0, 0.90, 0.7, 1.0),  # and 0.81's: everything below 0.90 to the teacher
+    ],
+)
+def test_the_lowest_threshold_reaching_the_target_is_picked(
+    target: float, threshold: float, fallback: float, agreement: float
+) -> None:
+    found = calibrate(CONFIDENCE, AGREES, target)
+    assert found.threshold == pytest.approx(threshold)
+    assert found.fallback_rate == pytest.approx(fallback)
+    assert found.agreement == pytest.approx(agreement)
+    assert found.student_agreement == pytest.approx(0.7)
+    # and no lower candidate threshold would have reached the target
+    lower = [c for c in [0.0, *CONFIDENCE] if c < threshold]
+    assert all(at_threshold(CONFIDENCE, AGREES, c).agreement < target for c in lower)
+
+
+def test_ties_move_together_and_a_disagreement_at_the_top_sends_everything() -> None:
+    # two inputs share 0.8; one of them disagrees: both must go, the threshold cannot split a tie
+    found = calibrate([0.6, 0.8, 0.8, 0.9], [True, True, False, True], 1.0)
+    assert found.threshold == pytest.approx(0.9) and found.fallback_rate == pytest.approx(0.75)
+    everything = calibrate([0.6, 0.9], [True, False], 1.0)
+    assert everything.threshold > 0.9 and everything.fallback_rate == 1.0 and everything.agreement == 1.0
+
+
+def test_agreement_never_falls_as_the_threshold_rises() -> None:
+    rng = np.random.default_rng(0)
+    confidence = rng.random(500)
+    agrees = rng.random(500) < confidence  # surer answers agree more often, as with a real student
+    steps = [at_threshold(confidence, agrees, t) for t in np.linspace(0, 1.01, 50)]
+    assert all(a.agreement <= b.agreement for a, b in itertools.pairwise(steps))
+    assert all(a.fallback_rate <= b.fallback_rate for a, b in itertools.pairwise(steps))
+    found = calibrate(confidence, agrees, 0.95)
+    assert found.agreement >= 0.95
+
+
+def test_bad_calibration_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        calibrate([0.5], [True], 1.5)
+    with pytest.raises(ValueError, match="as many"):
+        calibrate([0.5, 0.6], [True], 0.9)
+    with pytest.raises(ValueError, match="at least one"):
+        calibrate([], [], 0.9)
