@@ -483,6 +483,7 @@ def main() -> None:
     app()
 
 
-# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm) and the stages around
-# task distillation (general-distill, augment-qa) register on `app` too.
-from training import cli_lm, cli_stages  # noqa: E402, F401
+# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm), the stages around
+# task distillation (general-distill, augment-qa) and sentence-embedding distillation (distill-embeddings)
+# register on `app` too.
+from training import cli_embeddings, cli_lm, cli_stages  # noqa: E402, F401

@@ -150,3 +150,29 @@ def top_k_distillation_loss(
 
     hard = F.cross_entropy(student, targets, ignore_index=ignore_index, reduction="sum") / count
     return LossTerms(total=alpha_kd * kd + alpha_hard * hard, kd=kd, hard=hard)
+
+
+class EmbeddingTerms(NamedTuple):
+    """The weighted sum that backpropagates and its two (unweighted) distances, for logging."""
+
+    total: torch.Tensor
+    mse: torch.Tensor
+    cosine: torch.Tensor
+
+
+def embedding_loss(
+    student: torch.Tensor, teacher: torch.Tensor, *, alpha_mse: float = 1.0, alpha_cosine: float = 0.0
+) -> EmbeddingTerms:
+    """Distance between student and teacher sentence embeddings [B, D], averaged over sentences.
+
+    mse: mean over features of the squared difference, as sentence-transformers' distillation recipe
+    (MSELoss towards the teacher's embeddings) computes it; it matches scale as well as direction.
+    cosine: 1 - cos(student, teacher), direction only. For L2-normalised embeddings mse = 2 · cosine / D, so
+    the two pull the same way and differ in scale (which matters only beside other weighted terms).
+    """
+    if student.shape != teacher.shape:
+        raise ValueError(f"student embeddings {tuple(student.shape)} != teacher {tuple(teacher.shape)}")
+    s, t = student.float(), teacher.detach().float()
+    mse = (s - t).pow(2).mean()
+    cosine = (1.0 - F.cosine_similarity(s, t, dim=-1)).mean()
+    return EmbeddingTerms(total=alpha_mse * mse + alpha_cosine * cosine, mse=mse, cosine=cosine)
