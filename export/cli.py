@@ -25,7 +25,7 @@ console = line_console(stderr=True)
 
 def _summary(result: ExportResult) -> Table:
     table = Table(title="export summary", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
-    columns = ("variant", "MB", "max |diff|", "top-1", "on", "rows", "greedy", "build s", "written")
+    columns = ("variant", "MB", "max |diff|", "top-1/cos", "on", "rows", "greedy", "build s", "written")
     for column in columns:  # each cell on one line: a log's 80 columns hold them all
         table.add_column(column, no_wrap=True)
     for r in result.variants:
@@ -34,7 +34,7 @@ def _summary(result: ExportResult) -> Table:
             r.variant if r.recipe is None else f"{r.variant} ({r.recipe})",
             f"{r.size_bytes / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
-            f"{r.parity.top1_agreement:.4f}",
+            f"{r.parity.top1_agreement if r.parity.min_cosine is None else r.parity.min_cosine:.4f}",
             "eval" if r.parity.eval_rows else "random",
             str(r.parity.rows),
             "-" if greedy is None else f"{greedy:.3f}",
@@ -155,7 +155,10 @@ def main(
         Path, typer.Argument(help="HF model directory (save_pretrained output, fast tokenizer).")
     ],
     task: Annotated[
-        str, typer.Option(help="text-classification, question-answering, fill-mask or text-generation.")
+        str,
+        typer.Option(
+            help="text-classification, question-answering, fill-mask, text-generation or sentence-embeddings."
+        ),
     ],
     name: Annotated[str, typer.Option(help="Model name clients use, e.g. sentiment.")],
     repository: Annotated[Path, typer.Option(help="Model repository root.")] = Path("models"),

@@ -33,12 +33,16 @@ _ONNX_DTYPES: dict[int, TensorDType] = {
 
 def export_onnx(model_dir: Path, task: Task, out_dir: Path, opset: int | None = None) -> Path:
     """Export `model_dir` into `out_dir` (optimum's exporter; distilserve's own graphs for a GPT-2, the
-    appending decoder, and for fill-mask, the mask-scoring graph); returns the path of `model.onnx`,
-    written beside the tokenizer and config files."""
+    appending decoder, for fill-mask, the mask-scoring graph, and for sentence embeddings, the encoder with
+    its pooling rule); returns the path of `model.onnx`, written beside the tokenizer and config files."""
     if task == "text-generation" and _appending(model_dir):
         return _export_appending(model_dir, out_dir, opset)
     if task == "fill-mask":
         return _export_mask_scoring(model_dir, out_dir, opset)
+    if task == "sentence-embeddings":
+        from export.sentence_embedding import export_sentence_embedding
+
+        return export_sentence_embedding(model_dir, out_dir, opset or DEFAULT_OPSET)
     from optimum.exporters.onnx import main_export  # heavy: imported only when exporting
 
     main_export(

@@ -34,6 +34,7 @@ class ParityReport:
     greedy_match: float | None = None  # generation: share of prompts continued exactly like generate()
     eval_rows: int = 0  # real eval rows the agreement was measured on; 0: random tokens only
     reference_scale: float = 1.0  # the largest |output| PyTorch gave on the compared positions
+    min_cosine: float | None = None  # embeddings: the lowest row cosine with PyTorch's, on the counted rows
 
     def as_dict(self) -> dict[str, float]:
         out = {
@@ -45,6 +46,8 @@ class ParityReport:
         }
         if self.greedy_match is not None:
             out["greedy_match"] = self.greedy_match
+        if self.min_cosine is not None:
+            out["min_cosine"] = self.min_cosine
         return out
 
 
@@ -60,6 +63,9 @@ class ParityBounds:
     max_abs_diff: float | None
     min_top1_agreement: float
     min_greedy_match: float | None = None
+    # Embeddings have no top-1: a row agrees when its cosine with PyTorch's is at least this, and every
+    # counted row must (a sentence's neighbours move once its vector turns).
+    min_cosine: float = 0.999
 
     @property
     def judges_answers_only(self) -> bool:
@@ -82,7 +88,12 @@ class ParityBounds:
                 f"max |diff| {report.max_abs_diff:.2e} > {allowed:.1e} ({self.max_abs_diff:.0e} x the "
                 f"largest |output| {report.reference_scale:.3g}, at least 1)"
             )
-        if report.top1_agreement < self.min_top1_agreement:
+        if report.min_cosine is not None:  # embeddings: every row's cosine, there is no top-1
+            if report.min_cosine < self.min_cosine:
+                problems.append(
+                    f"a row's cosine with PyTorch's is {report.min_cosine:.5f} < {self.min_cosine}"
+                )
+        elif report.top1_agreement < self.min_top1_agreement:
             problems.append(f"top-1 agreement {report.top1_agreement:.4f} < {self.min_top1_agreement}")
         if (
             self.min_greedy_match is not None
@@ -158,12 +169,15 @@ def compare(
     names: Sequence[str],
     per_position: bool,
     agreement_batches: int | None = None,
+    cosine: float | None = None,
 ) -> ParityReport:
     """Compare outputs batch by batch; agreement counts only the last `agreement_batches` (the eval set).
 
     A row agrees when the argmax of every output does: for QA, the span's start and its end, since a
-    span with one end moved is a different answer to the user."""
+    span with one end moved is a different answer to the user. With `cosine` (embeddings, [batch, dim]),
+    a row agrees when its cosine with PyTorch's reaches it instead, and the lowest is reported."""
     worst, agree, rows, scale = 0.0, 0, 0, 0.0
+    lowest: float | None = None
     first_counted = len(batches) - (agreement_batches or len(batches))
     for index, (expected_out, got_out, feeds) in enumerate(zip(reference, candidate, batches, strict=True)):
         hits: np.ndarray | None = None
@@ -174,7 +188,14 @@ def compare(
             if diff.size:
                 worst = max(worst, float(diff.max()))
                 scale = max(scale, _largest(expected_out[name], feeds["attention_mask"], per_position))
-            same = got.argmax(-1) == expected.argmax(-1)
+            if cosine is None:
+                same = got.argmax(-1) == expected.argmax(-1)
+            else:
+                cosines = row_cosines(expected, got)
+                same = cosines >= cosine
+                if index >= first_counted and cosines.size:
+                    low = float(cosines.min())
+                    lowest = low if lowest is None else min(lowest, low)
             hits = same if hits is None else hits & same
         if index >= first_counted and hits is not None:
             agree += int(hits.sum())
@@ -185,7 +206,17 @@ def compare(
         rows=rows,
         eval_rows=rows if agreement_batches else 0,
         reference_scale=scale,
+        min_cosine=lowest,
     )
+
+
+def row_cosines(expected: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Each row's cosine similarity, in float64; two zero rows count as equal, one zero row as 0."""
+    a, b = expected.astype(np.float64), got.astype(np.float64)
+    norm_a, norm_b = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    norms = norm_a * norm_b
+    dots = (a * b).sum(axis=-1)
+    return np.where((norm_a == 0) & (norm_b == 0), 1.0, dots / np.where(norms == 0, 1.0, norms))
 
 
 def _largest(expected: np.ndarray, mask: np.ndarray, per_position: bool) -> float:

@@ -177,6 +177,7 @@ class _Parity:
             self.spec.outputs,
             self.spec.per_position,
             self.eval_batches or None,
+            BOUNDS[variant].min_cosine if self.spec.cosine else None,
         )
         if self.layout is not None and variant == "fp32":
             match = greedy_match(session, self.layout, self.model, self.prompts, GREEDY_NEW_TOKENS)
@@ -337,6 +338,9 @@ def export_model(
 
     progress(f"loading the PyTorch reference from {model_dir}")
     model, tokenizer = load_reference(model_dir, spec)
+    if max_length is None and spec.task == "sentence-embeddings":
+        # sentence-transformers' max_seq_length (MiniLM: 256 of its 512 positions): it truncates there
+        max_length = min(model.max_length, max_sequence_length(tokenizer, model.config))
     max_length = _window(tokenizer, model.config, max_length)
     progress("running PyTorch over the parity inputs")
     parity = _prepare_parity(spec, model, tokenizer, max_length, eval_data, seed)
@@ -429,6 +433,11 @@ def _manifest_builder(
         eos=tokenizer.eos_token_id,
     )
     chat = chat_spec(tokenizer) if spec.task == "text-generation" else None  # None: completions only
+    embedding = None
+    if spec.task == "sentence-embeddings":
+        from export.sentence_embedding import embedding_spec  # torch: imported only when exporting
+
+        embedding = embedding_spec(model)
     id2label = getattr(model.config, "id2label", None) or {}
     labels = {int(k): str(v) for k, v in id2label.items()} if spec.task == "text-classification" else {}
     tokenizer_spec = TokenizerSpec(
@@ -455,6 +464,7 @@ def _manifest_builder(
             special_tokens=special,
             generation=layout,
             chat=chat,
+            embedding=embedding,
             distillation=distillation_record(model_dir),
             teacher=teacher,
             cascade=cascade,

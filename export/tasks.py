@@ -20,6 +20,7 @@ class TaskSpec:
     auto_class: str  # the transformers Auto class of the PyTorch reference
     outputs: tuple[str, ...]  # graph outputs the parity gate compares
     per_position: bool  # outputs have a sequence axis (padding must be ignored)
+    cosine: bool = False  # rows are judged by cosine with PyTorch's, not by argmax (embeddings)
 
 
 SPECS: dict[str, TaskSpec] = {
@@ -38,6 +39,10 @@ SPECS: dict[str, TaskSpec] = {
     "text-generation": TaskSpec(
         "text-generation", "text-generation-with-past", "AutoModelForCausalLM", ("logits",), True
     ),
+    # the reference is training.embeddings.SentenceEncoder (export.sentence_embedding), not an Auto class
+    "sentence-embeddings": TaskSpec(
+        "sentence-embeddings", "feature-extraction", "AutoModel", ("sentence_embedding",), False, cosine=True
+    ),
 }
 
 
@@ -47,6 +52,10 @@ def load_reference(model_dir: Path, spec: TaskSpec) -> tuple[Any, Any]:
 
     from training.models import check_trained_for
 
+    if spec.task == "sentence-embeddings":
+        from export.sentence_embedding import load_sentence_reference
+
+        return load_sentence_reference(model_dir)
     check_trained_for(transformers.AutoConfig.from_pretrained(model_dir), spec.task, model_dir)
     model = getattr(transformers, spec.auto_class).from_pretrained(model_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -69,6 +78,9 @@ def torch_outputs(model: Any, spec: TaskSpec, feeds: Feeds, mask_token_id: int |
     import torch
 
     inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    if spec.task == "sentence-embeddings":  # training.embeddings.SentenceEncoder: the rule it trained with
+        with torch.no_grad():
+            return {"sentence_embedding": model(**inputs).embedding.float().numpy()}
     if spec.task == "text-generation":
         inputs["position_ids"] = torch.from_numpy(position_ids(feeds["attention_mask"]))
         inputs.pop("token_type_ids", None)
@@ -224,6 +236,10 @@ def eval_texts(spec: TaskSpec, path: Path, limit: int) -> list[str] | list[tuple
         return [e.text for e in loaders.load_classification(path).examples[:limit]]
     if spec.task == "question-answering":
         return [(e.question, e.context) for e in loaders.load_squad(path)[:limit]]
+    if spec.task == "sentence-embeddings":
+        from training.data.sentences import load_sentences
+
+        return load_sentences(path).lines[:limit]
     return loaders.load_text_data(path).lines[:limit]
 
 

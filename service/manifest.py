@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MANIFEST_FILE = "manifest.json"
 
-Task = Literal["text-classification", "question-answering", "fill-mask", "text-generation"]
+Task = Literal[
+    "text-classification", "question-answering", "fill-mask", "text-generation", "sentence-embeddings"
+]
 TensorDType = Literal["int64", "int32", "float32", "float16"]
 Precision = Literal["fp32", "fp16", "int8"]
 Device = Literal["cpu", "gpu", "any"]
@@ -140,6 +142,18 @@ class ChatTemplateSpec(_Strict):
     eos_token: str | None = None
 
 
+class EmbeddingSpec(_Strict):
+    """What a sentence-embeddings graph gives (export.sentence_embedding): `output` [batch, dimensions],
+    pooled as `pooling` says over the real tokens, L2-normalised when `normalized`. `pooled_output`, when the
+    graph has it, is the same vector before normalisation (TEI's `normalize: false`)."""
+
+    dimensions: int = Field(gt=0)
+    normalized: bool
+    pooling: Literal["mean", "cls", "max"]
+    output: str = "sentence_embedding"
+    pooled_output: str | None = None
+
+
 class ModelScore(_Strict):
     source: str
     params: int = Field(gt=0)
@@ -200,6 +214,7 @@ class Manifest(_Strict):
     special_tokens: SpecialTokens = SpecialTokens()
     generation: GenerationLayout | None = None
     chat: ChatTemplateSpec | None = None  # text-generation only; absent: no /v1/chat/completions
+    embedding: EmbeddingSpec | None = None  # sentence-embeddings only: width, pooling, normalisation
     distillation: DistillationRecord | None = None
     teacher: TeacherRef | None = None  # a student exported as a pair: the served model it was distilled from
     cascade: CascadeCalibration | None = None  # the pair's cascade threshold, calibrated at export
@@ -218,6 +233,14 @@ class Manifest(_Strict):
             raise ValueError("text-generation needs 'generation' (the KV-cache layout)")
         if self.chat is not None and self.task != "text-generation":
             raise ValueError("only text-generation models have a chat template")
+        if (self.embedding is not None) != (self.task == "sentence-embeddings"):
+            raise ValueError("'embedding' (width, pooling) is for sentence-embeddings, which needs it")
+        if self.embedding is not None:
+            graph = {o.name for o in self.outputs}
+            named = (self.embedding.output, self.embedding.pooled_output)
+            missing = [n for n in named if n is not None and n not in graph]
+            if missing:
+                raise ValueError(f"embedding outputs {missing} are not outputs of the graph")
         if self.cascade is not None and self.teacher is None:
             raise ValueError("a cascade calibration needs the 'teacher' it falls back to")
         if self.teacher is not None and self.teacher.name == self.name:

@@ -1,4 +1,4 @@
-"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1 and /v2.
+"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2, /embed.
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither
@@ -68,7 +68,7 @@ class ApiKeyMiddleware:
     def protects(self, path: str) -> bool:
         if path.startswith("/v2/health/"):  # liveness/readiness probes (Kubernetes) carry no key
             return False
-        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2"):
+        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", "/embed"):  # /embed: TEI's path
             return True
         return self._protect_metrics and (path == "/metrics" or path.startswith("/metrics/"))
 

@@ -65,7 +65,10 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models/")
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models/")
+# TEI's /embed answers what its validation refuses (a text past the window, too many texts) with 413 and
+# error_type "validation" (its router's status table); its clients expect that, so ours does too.
+TEI_PATHS = ("/embed",)
 
 # Our (status, type) -> OpenAI's on its routes: OpenAI and vLLM answer a request they cannot serve with 400
 # `invalid_request_error` (the openai client's BadRequestError; 422 would be UnprocessableEntityError, which
@@ -118,6 +121,8 @@ def response_for(exc: Exception, path: str = "") -> JSONResponse | None:
     too."""
     for kind, (status, error_type) in STATUS.items():
         if isinstance(exc, kind):
+            if kind is InvalidInputError and path in TEI_PATHS:
+                status = 413
             return error_response(status, error_type, str(exc), _headers(exc), path, _param(exc))
     return None
 

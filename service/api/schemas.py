@@ -45,6 +45,11 @@ class ModelCard(BaseModel):
         description="Generation models: whether /v1/chat/completions serves it (exported with a chat "
         "template; without one, /v1/completions only). Null for the other tasks.",
     )
+    embedding: dict[str, Any] | None = Field(
+        None,
+        description="Embedding models: `dimensions`, `normalized`, `pooling` (and the graph's outputs). Null "
+        "for the other tasks.",
+    )
 
 
 class OpenAIModel(BaseModel):

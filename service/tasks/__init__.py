@@ -7,10 +7,16 @@ schema (service.manifest) names the tasks an export may write.
 
 from __future__ import annotations
 
-from service.tasks import classification, fill_mask, generation, question_answering
+from service.tasks import classification, embeddings, fill_mask, generation, question_answering
 from service.tasks.contract import ServedTask
 
 TASKS: dict[str, ServedTask] = {
     task.name: task
-    for task in (classification.TASK, question_answering.TASK, fill_mask.TASK, generation.TASK)
+    for task in (
+        classification.TASK,
+        question_answering.TASK,
+        fill_mask.TASK,
+        generation.TASK,
+        embeddings.TASK,
+    )
 }

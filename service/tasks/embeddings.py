@@ -1,0 +1,280 @@
+"""Sentence embeddings: texts -> one vector each, in OpenAI's and TEI's shapes and over v2.
+
+`POST /v1/embeddings` is OpenAI's (`input` a text or a list, `encoding_format` float or base64, `dimensions`,
+`usage`; errors in OpenAI's shape), so the official client's `embeddings.create` works unmodified; it asks for
+base64 unless told otherwise. `POST /embed` is text-embeddings-inference's (`inputs`, `normalize`, `truncate`
+-> a list of vectors; what TEI's validation refuses, such as a text past the window without `truncate`, is
+413 with `{"error", "error_type"}`, as TEI answers). v2: TEXT BYTES [b] -> EMBEDDING FP32 [b, dim]
+(parameter `dimensions`).
+
+The graph pools and normalises (export.sentence_embedding), so the engine batches texts as for
+classification and nothing here knows the pooling rule. `dimensions` keeps the first coordinates and
+normalises again (OpenAI's shortened text-embedding-3 vectors): a unit vector's prefix, so it needs a
+normalised model, and it can only shorten.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from service.exchange import Exchange
+from service.tasks.common import check_chars, enforce_window, passed, run_all, tokenizing, validated
+from service.tasks.contract import (
+    Collaborators,
+    Endpoint,
+    InvalidInputError,
+    ServedTask,
+    Texts,
+    V2Interface,
+    V2Job,
+    tensor,
+)
+from service.tokenization import EncodedText
+
+if TYPE_CHECKING:
+    from service.manifest import EmbeddingSpec
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+NAME = "sentence-embeddings"
+
+
+def _no_token_ids(value: Any) -> Any:
+    """OpenAI and TEI also take token ids (an array, or one per text): refused by name, not as 'not a
+    string' (ids of which vocabulary? OpenAI's are tiktoken's, never this model's)."""
+    if isinstance(value, list) and any(
+        isinstance(item, list) or (isinstance(item, int) and not isinstance(item, bool)) for item in value
+    ):
+        raise ValueError("token-id inputs are not supported; send the text")
+    return value
+
+
+EmbeddingTexts = Annotated[Texts, BeforeValidator(_no_token_ids)]  # this check runs first
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's /v1/embeddings request. Strict as OpenAI is; unknown fields are ignored, as OpenAI's are."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    input: EmbeddingTexts = Field(
+        ..., description="One text or a list of texts.", examples=[["A man plays the guitar."]]
+    )
+    model: str | None = Field(None, description="Model name; default: the first embedding model.")
+    version: int | None = Field(None, ge=1, description="Pin a model version; default: the highest.")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: a list of numbers; base64: little-endian float32 bytes, base64."
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first N coordinates, normalised again (normalised models only)."
+    )
+    user: str | None = Field(None, description="Accepted and ignored.")
+
+
+class EmbedRequest(BaseModel):
+    """TEI's /embed request (`prompt_name` is not supported; `model` is distilserve's own)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    inputs: EmbeddingTexts = Field(..., description="One text or a list of texts.")
+    normalize: bool = Field(True, description="L2-normalised vectors (false: as pooled, before that).")
+    truncate: bool | None = Field(
+        None,
+        description="Cut texts past the model's window; false: refuse them (413). Default: the server's "
+        "DISTILSERVE_TRUNCATION.",
+    )
+    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
+    prompt_name: str | None = Field(None, description="Not supported: must be null.")
+    model: str | None = Field(None, description="Model name; default: the first embedding model.")
+
+    @model_validator(mode="after")
+    def _no_prompts(self) -> EmbedRequest:
+        if self.prompt_name is not None:
+            raise ValueError("prompt_name is not supported: the model has no prompts")
+        return self
+
+
+class EmbeddingObject(TypedDict):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(TypedDict):
+    object: Literal["list"]
+    data: list[EmbeddingObject]
+    model: str
+    usage: Usage
+
+
+# -- the shared path --------------------------------------------------------------------------------------
+
+
+def embedding_spec(model: ServedModel) -> EmbeddingSpec:
+    spec = model.manifest.embedding
+    assert spec is not None  # the manifest schema requires it of this task
+    return spec
+
+
+def fit_window(encoded: Sequence[EncodedText], window: int, x: Exchange, truncate: bool | None) -> None:
+    """TEI's `truncate`: None follows the server's policy (common.enforce_window); false refuses a text past
+    the window, true keeps its truncated encoding."""
+    if truncate is None:
+        enforce_window(encoded, window, x)
+        return
+    over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
+    for i in over:
+        where = f"input {i}" if len(encoded) > 1 else "the input"
+        if not truncate:
+            raise InvalidInputError(
+                f"{where} is longer than the model's window of {window} tokens; truncate: true cuts it"
+            )
+        if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
+            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+    x.add_truncated(len(over))
+
+
+async def embed(
+    model: ServedModel,
+    texts: Sequence[str],
+    truncate: bool | None,
+    metrics: Metrics,
+    timeout_s: float,
+    x: Exchange,
+) -> tuple[list[dict[str, np.ndarray]], int]:
+    """Each text's graph outputs, and the tokens the texts took (OpenAI's `usage`)."""
+    check_chars(texts, x)
+    with tokenizing(metrics, model, x):
+        encoded = model.encoder.encode(texts)
+    fit_window(encoded, model.encoder.max_length, x, truncate)
+    outputs = await run_all(model, encoded, timeout_s, x)
+    return outputs, sum(len(e) for e in encoded)
+
+
+def stacked(outputs: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray:
+    return np.stack([o[name] for o in outputs]).astype(np.float32, copy=False)
+
+
+def l2_normalized(vectors: np.ndarray) -> np.ndarray:
+    """Rows of unit length (a zero row stays zero), as torch's F.normalize."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def check_dimensions(dimensions: int | None, spec: EmbeddingSpec) -> None:
+    """Refuse a `dimensions` the model cannot give, before any work."""
+    if dimensions is None or dimensions == spec.dimensions:
+        return
+    if dimensions > spec.dimensions:
+        raise InvalidInputError(
+            f"dimensions {dimensions}: this model's embeddings have {spec.dimensions}", param="dimensions"
+        )
+    if not spec.normalized:
+        raise InvalidInputError(
+            "dimensions: this model's embeddings are not normalised, so a prefix of one is no embedding",
+            param="dimensions",
+        )
+
+
+def shortened(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` coordinates of each row, normalised again (checked by check_dimensions)."""
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    return l2_normalized(vectors[:, :dimensions])
+
+
+def as_base64(row: np.ndarray) -> str:
+    """OpenAI's base64 encoding: the vector's little-endian float32 bytes."""
+    return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+
+
+# -- the endpoints ----------------------------------------------------------------------------------------
+
+
+async def handle_openai(body: EmbeddingsRequest, x: Exchange, c: Collaborators) -> EmbeddingsResponse:
+    model = c.resolve(NAME, body.model, body.version, x)
+    spec = embedding_spec(model)
+    check_dimensions(body.dimensions, spec)
+    texts = c.texts(body.input, x)
+    outputs, tokens = await embed(model, texts, None, c.metrics, c.settings.request_timeout_s, x)
+    vectors = shortened(stacked(outputs, spec.output), body.dimensions)
+    data = [
+        EmbeddingObject(
+            object="embedding",
+            index=i,
+            embedding=as_base64(row) if body.encoding_format == "base64" else row.tolist(),
+        )
+        for i, row in enumerate(vectors)
+    ]
+    return EmbeddingsResponse(
+        object="list",
+        data=data,
+        model=model.name,
+        usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+
+
+async def handle_tei(body: EmbedRequest, x: Exchange, c: Collaborators) -> list[list[float]]:
+    """TEI's answer: a list of vectors, one per text (a single text too). normalize=false gives the pooled
+    vector before normalisation, which the graph of a normalising model exposes beside the normalised one;
+    normalize=true normalises the vectors of a model that does not itself."""
+    model = c.resolve(NAME, body.model, None, x)
+    spec = embedding_spec(model)
+    texts = c.texts(body.inputs, x)
+    outputs, _ = await embed(model, texts, body.truncate, c.metrics, c.settings.request_timeout_s, x)
+    if body.normalize:
+        vectors = stacked(outputs, spec.output)
+        return (vectors if spec.normalized else l2_normalized(vectors)).tolist()
+    return stacked(outputs, spec.pooled_output or spec.output).tolist()
+
+
+async def infer(job: V2Job) -> dict[str, np.ndarray]:
+    texts = job.texts["TEXT"]
+    body = validated(
+        EmbeddingsRequest, {"input": texts, **passed(job, TASK.v2.parameters)}, {"input": "TEXT"}
+    )
+    spec = embedding_spec(job.model)
+    check_dimensions(body.dimensions, spec)
+    outputs, _ = await embed(job.model, texts, None, job.c.metrics, job.timeout_s, job.x)
+    return {"EMBEDDING": shortened(stacked(outputs, spec.output), body.dimensions)}
+
+
+TASK = ServedTask(
+    name=NAME,
+    endpoints=(
+        Endpoint(
+            "/v1/embeddings",
+            EmbeddingsRequest,
+            EmbeddingsResponse,
+            "OpenAI-compatible embeddings: one vector per text, as floats or base64.",
+            handle_openai,
+            errors="openai",
+            tags=("embeddings",),
+        ),
+        Endpoint(
+            "/embed",
+            EmbedRequest,
+            list[list[float]],
+            "text-embeddings-inference's /embed: one vector per text.",
+            handle_tei,
+            tags=("embeddings",),
+        ),
+    ),
+    v2=V2Interface(
+        inputs=("TEXT",),
+        outputs=(tensor("EMBEDDING", "FP32", 2),),
+        parameters=("dimensions",),
+        run=infer,
+    ),
+)
