@@ -23,9 +23,10 @@ SOAK_MINUTES        ?= 10
 SOAK_USERS          ?= 8
 
 BIN       := $(VENV)/bin
-# $(call export_demo,TASK,NAME,EVAL_FILE): the demo student of TASK into the repository as NAME, parity on EVAL_FILE
+# $(call export_demo,TASK,NAME,EVAL_FILE): the demo teacher of TASK as NAME-teacher, then its student as NAME
+# (the pair: the student's manifest names the teacher and its cascade threshold), parity on EVAL_FILE
 export_demo = $(BIN)/python -m export $(DEMO_DIR)/$(1)/student --task $(1) --name $(2) \
-	--repository $(MODEL_REPOSITORY) --eval-data $(DEMO_DIR)/data/$(3)
+	--repository $(MODEL_REPOSITORY) --eval-data $(DEMO_DIR)/data/$(3) --teacher-dir $(DEMO_DIR)/$(1)/teacher
 SUDO      := $(if $(filter 0,$(shell id -u)),,sudo)
 OTHER_ORT := $(if $(filter gpu,$(RUNTIME)),onnxruntime,onnxruntime-gpu)
 INSTALLED := $(VENV)/.installed-$(RUNTIME)
@@ -39,7 +40,7 @@ serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT 
 test: lint deploy-tools                  ## static checks, then the whole suite (what CI runs)
 	$(BIN)/python -m pytest
 
-models: $(INSTALLED)                     ## train the four demo teacher/student pairs and export each as a new version
+models: $(INSTALLED)                     ## train the four demo teacher/student pairs and export each pair as new versions
 	$(BIN)/python -m training demo --out $(DEMO_DIR)
 	$(call export_demo,text-classification,sentiment,classification/eval.jsonl)
 	$(call export_demo,question-answering,qa,qa/eval.json)

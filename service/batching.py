@@ -4,6 +4,11 @@ Principles (see ARCHITECTURE.md): never wait when the engine is idle; coalesce w
 busy; cap a batch by count and by padded tokens; group similar lengths; bound the queue; drop work whose
 deadline passed or whose caller went away before compute; run the engine off the event loop, up to
 `concurrency` batches at once (Triton's instance count), each engine thread taking its own next batch.
+
+Shadow items (a teacher checking its student's answers, service.cascade) have the lowest priority: one is
+refused at once while a batch's worth of client work waits; shadows never share a batch with client items
+(on a CPU every row a batch carries lengthens it) and run only when no client item waits; and a shadow is
+the first to go when the queue is full: a client item takes its place instead of getting a 429.
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ class _Pending(Generic[T, R]):
     seq: int
     taken: bool = False
     timing: ItemTiming | None = None
+    shadow: bool = False  # lowest priority (see the module's docstring)
 
 
 def select_batch(
@@ -235,13 +241,16 @@ class MicroBatcher(Generic[T, R]):
             raise QueueTooSmallError(
                 f"{count} sequences at once; the queue holds at most {self.policy.max_queue}"
             )
-        if len(self._queue) + count > self.policy.max_queue:
+        full = len(self._queue) + count > self.policy.max_queue
+        if full and len(self._queue) - self._shadows() + count > self.policy.max_queue:  # shadows make room
             raise QueueFullError(self._retry_after_s())
 
-    async def submit(self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None) -> R:
+    async def submit(
+        self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None, shadow: bool = False
+    ) -> R:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        pending = self._enqueue(item, future, timeout_s, timing)
+        pending = self._enqueue(item, future, timeout_s, timing, shadow)
         # One timer, not wait_for(shield(...)): those cost two extra futures and a task switch per item.
         timer = None if timeout_s is None else loop.call_later(timeout_s, self._expire, pending, timeout_s)
         try:
@@ -261,11 +270,12 @@ class MicroBatcher(Generic[T, R]):
         callback: Callable[[R | None, BaseException | None], None],
         timeout_s: float | None = None,
         timing: ItemTiming | None = None,
+        shadow: bool = False,
     ) -> Ticket[R]:
         """Queue `item` and call `callback(result, None)` or `callback(None, error)` on the loop when it is
         done: `submit` without a task or a future (the engine core answers each request this way)."""
         ticket: Ticket[R] = Ticket(callback)
-        ticket.pending = self._enqueue(item, ticket, timeout_s, timing)
+        ticket.pending = self._enqueue(item, ticket, timeout_s, timing, shadow)
         if timeout_s is not None:
             loop = asyncio.get_running_loop()
             ticket.timer = loop.call_later(timeout_s, self._expire, ticket.pending, timeout_s)
@@ -278,11 +288,18 @@ class MicroBatcher(Generic[T, R]):
         ticket.cancel()
 
     def _enqueue(
-        self, item: T, outcome: Outcome[R], timeout_s: float | None, timing: ItemTiming | None
+        self,
+        item: T,
+        outcome: Outcome[R],
+        timeout_s: float | None,
+        timing: ItemTiming | None,
+        shadow: bool = False,
     ) -> _Pending[T, R]:
         if self._closing:
             raise BatcherClosedError("the server is shutting down and takes no new work")
-        if len(self._queue) >= self.policy.max_queue:
+        if shadow:
+            self._admit_shadow()
+        elif len(self._queue) >= self.policy.max_queue and not self._evict_shadow():
             raise QueueFullError(self._retry_after_s())
         now = time.monotonic()
         pending = _Pending(
@@ -293,6 +310,7 @@ class MicroBatcher(Generic[T, R]):
             deadline=None if timeout_s is None else now + timeout_s,
             seq=next(self._seq),
             timing=timing,
+            shadow=shadow,
         )
         with self._work:
             if self._closing:  # again under the lock: engine threads stop once they see it and no work
@@ -301,6 +319,29 @@ class MicroBatcher(Generic[T, R]):
             self._work.notify()
         self._report_depth()
         return pending
+
+    def _shadows(self) -> int:
+        return sum(p.shadow for p in self._queue)
+
+    def _admit_shadow(self) -> None:
+        """A shadow item waits only behind less than a batch of client work, beside less than a batch of
+        other shadows, and never fills the queue's last place."""
+        shadows = self._shadows()
+        waiting = len(self._queue) - shadows
+        size = self.policy.max_batch_size
+        if waiting >= size or shadows >= size or len(self._queue) >= self.policy.max_queue:
+            raise QueueFullError(self._retry_after_s())
+
+    def _evict_shadow(self) -> bool:
+        """The queue is full: the newest still-queued shadow item leaves, refused, for a client item."""
+        with self._work:
+            victim = next((p for p in reversed(self._queue) if p.shadow and not p.taken), None)
+            if victim is None:
+                return False
+            self._queue.remove(victim)
+        if not victim.future.done():
+            victim.future.set_exception(QueueFullError(self._retry_after_s()))
+        return True
 
     def _expire(self, pending: _Pending[T, R], timeout_s: float) -> None:
         """The deadline passed: a queued item is dropped with a 504; one already computing is waited for."""
@@ -366,12 +407,18 @@ class MicroBatcher(Generic[T, R]):
 
     def _take_batch(self) -> list[_Pending[T, R]]:
         items = self._queue
-        indices = select_batch(
-            [p.cost for p in items],
-            self.policy.max_batch_size,
-            self.policy.max_batch_tokens,
-            self.policy.min_padding_efficiency,
-        )
+        client = [i for i, p in enumerate(items) if not p.shadow]
+        pool = client if client else list(range(len(items)))  # shadows alone only when no client waits
+        policy = self.policy
+        indices = [
+            pool[j]
+            for j in select_batch(
+                [items[i].cost for i in pool],
+                policy.max_batch_size,
+                policy.max_batch_tokens,
+                policy.min_padding_efficiency,
+            )
+        ]
         chosen = [items[i] for i in indices]
         keep = set(indices)
         self._queue = [p for i, p in enumerate(items) if i not in keep]

@@ -7,16 +7,24 @@ among the served models once, at start-up. `Pairs.answer` runs a task's own answ
 for all of a request's inputs, then once more on the teacher for the inputs whose confidence (the score of
 the student's best answer) is below the threshold: both tiers stay batched in the engine, a request with
 several inputs sends only its unsure ones, and every answer carries `model`, the name that gave it.
+
+Live agreement: a share (`DISTILSERVE_SHADOW_RATE`) of the inputs the student answered goes to the teacher
+too, after the client has its answer, at the engine's lowest priority (service.batching: refused while a
+batch of client work waits, dropped first when the queue is full), at most SHADOW_IN_FLIGHT inputs at a
+time per process. Whether the two best answers agree is counted per pair: the live twin of the agreement
+the distillation report measured offline, with an alert rule on it (deploy/prometheus/alerts.yml).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from service.exchange import Exchange
+from service.exchange import Exchange, TextLimits
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.served import ServedModel
@@ -26,12 +34,21 @@ log = logging.getLogger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - one input of the task (a text, a question/context pair)
 R = TypeVar("R")  # one input's answers, best first: dicts with a `score` and a `model`
-AnswerAll = Callable[[ServedModel, Sequence[I]], Awaitable[list[R]]]
+AnswerAll = Callable[[ServedModel, Sequence[I], Exchange], Awaitable[list[R]]]
+CASCADE_TASKS = frozenset({"text-classification", "question-answering", "fill-mask"})
+SHADOW_IN_FLIGHT = 64  # inputs a process has with teachers for shadow checks at once; beyond: dropped
+SHADOW_TIMEOUT_S = 5.0  # a shadow check not done within this long is dropped (and leaves the queue)
 
 
 def confidence(rows: Any) -> float:
     """The score of the best answer (0 when there is none: the teacher may find one)."""
     return float(rows[0]["score"]) if rows else 0.0
+
+
+def best_answer(rows: Any) -> dict[str, Any] | None:
+    """What two models agree on: the best answer without its score and who gave it (a label; a span and
+    its text; a token)."""
+    return {k: v for k, v in rows[0].items() if k not in ("score", "model")} if rows else None
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,9 @@ class Pair:
     calibrated: float | None  # the manifest's threshold (None: exported without eval data)
     fallbacks: Any  # distilserve_cascade_fallbacks_total{model, teacher}, resolved once
     inputs: Any  # distilserve_cascade_inputs_total{model}
+    compared: Any  # distilserve_shadow_compared_total{model, teacher}
+    agreed: Any  # distilserve_shadow_agreed_total{model, teacher}
+    dropped: Any  # distilserve_shadow_dropped_total{model, teacher}
 
 
 class Pairs:
@@ -49,6 +69,9 @@ class Pairs:
 
     def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
+        self._shadow_in_flight = 0
+        self._shadow_tasks: set[asyncio.Task[None]] = set()  # referenced until done
+        self._random = random.Random()
         self._pairs: dict[tuple[str, int], Pair] = {}
         self._unpaired: dict[tuple[str, int], str] = {}  # a named teacher that is not served, and why
         for model in registry.all():
@@ -71,7 +94,13 @@ class Pairs:
                 calibration.threshold if calibration is not None else None,
                 metrics.cascade_fallbacks.labels(model.name, teacher.name),
                 metrics.cascade_inputs.labels(model.name),
+                metrics.shadow_compared.labels(model.name, teacher.name),
+                metrics.shadow_agreed.labels(model.name, teacher.name),
+                metrics.shadow_dropped.labels(model.name, teacher.name),
             )
+            record = model.manifest.distillation
+            if record is not None and record.agreement is not None:
+                metrics.distillation_agreement.labels(model.name, teacher.name).set(record.agreement)
 
     def pair_of(self, model: ServedModel) -> Pair | None:
         return self._pairs.get((model.name, model.manifest.version))
@@ -94,30 +123,73 @@ class Pairs:
         requested: float | None,
         x: Exchange,
     ) -> list[R]:
-        """`answer_all` on the student, then on the teacher for the student's unsure inputs only."""
-        results = await answer_all(model, inputs)
+        """`answer_all` on the student, then on the teacher for the student's unsure inputs only; a share
+        of the student's own answers is checked by the teacher afterwards (shadow)."""
+        results = await answer_all(model, inputs, x)
         pair = self.pair_of(model)
-        threshold = None if pair is None else self.threshold(pair, requested)
-        if pair is None or threshold is None:
+        if pair is None:
             x.answered_by = (model.name,)
             return results
-        unsure = [i for i, rows in enumerate(results) if confidence(rows) < threshold]
-        pair.inputs.inc(len(inputs))
+        threshold = self.threshold(pair, requested)
+        unsure = [] if threshold is None else [i for i, r in enumerate(results) if confidence(r) < threshold]
+        if threshold is not None:
+            pair.inputs.inc(len(inputs))
+        if unsure:
+            pair.fallbacks.inc(len(unsure))
+            answers = await answer_all(pair.teacher, [inputs[i] for i in unsure], x)
+            for i, rows in zip(unsure, answers, strict=True):
+                results[i] = rows
+        sure = len(unsure) < len(inputs)
         if not unsure:
             x.answered_by = (model.name,)
-            return results
-        pair.fallbacks.inc(len(unsure))
-        answers = await answer_all(pair.teacher, [inputs[i] for i in unsure])
-        for i, rows in zip(unsure, answers, strict=True):
-            results[i] = rows
-        sure = len(unsure) < len(inputs)
-        x.answered_by = (model.name, pair.teacher.name) if sure else (pair.teacher.name,)
+        else:
+            x.answered_by = (model.name, pair.teacher.name) if sure else (pair.teacher.name,)
+        if sure and self.settings.shadow_rate > 0:
+            taken = set(unsure)
+            kept = [i for i in range(len(inputs)) if i not in taken]
+            self._shadow(pair, [inputs[i] for i in kept], [results[i] for i in kept], answer_all, x.limits)
         return results
+
+    def _shadow(
+        self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
+    ) -> None:
+        """Check a sampled share of the student's answers with the teacher, off the client's path."""
+        rate = self.settings.shadow_rate
+        picked = [i for i in range(len(inputs)) if rate >= 1.0 or self._random.random() < rate]
+        if not picked:
+            return
+        if self._shadow_in_flight + len(picked) > SHADOW_IN_FLIGHT:
+            pair.dropped.inc(len(picked))
+            return
+        self._shadow_in_flight += len(picked)
+        task = asyncio.create_task(
+            self._check(pair, [inputs[i] for i in picked], [mine[i] for i in picked], answer_all, limits)
+        )
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _check(
+        self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
+    ) -> None:
+        try:
+            x = Exchange(limits=limits, shadow=True)
+            theirs = await asyncio.wait_for(answer_all(pair.teacher, inputs, x), SHADOW_TIMEOUT_S)
+        except Exception:  # refused under load, dropped for a client, too late: uncounted, never an error
+            pair.dropped.inc(len(inputs))
+            return
+        finally:
+            self._shadow_in_flight -= len(inputs)
+        agreed = sum(best_answer(a) == best_answer(b) for a, b in zip(mine, theirs, strict=True))
+        pair.compared.inc(len(inputs))
+        pair.agreed.inc(agreed)
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
         """What GET /v1/models says of a model's pairing: its served teacher and the cascade's state."""
         pair = self.pair_of(model)
         calibration = model.manifest.cascade
+        if pair is not None and model.manifest.task not in CASCADE_TASKS:  # a teacher, but no cascade
+            teacher = {"name": pair.teacher.name, "version": pair.teacher.manifest.version}
+            return {"teacher": teacher, "cascade": None}
         if pair is None:
             reason = self._unpaired.get((model.name, model.manifest.version))
             cascade = None if reason is None else {"active": False, "threshold": None, "reason": reason}

@@ -285,13 +285,13 @@ class RemoteEncoder:
         self._late_s = engine.settings.worker_timeout_s  # a running engine call is waited for, not forever
 
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming]
+        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
     ) -> list[Outputs]:
         engine = self.engine
         request_id = engine.next_id()
         future = engine.expect(request_id, self._hop)
         try:
-            engine.send(ipc.encode_request(request_id, self.model, self.version, timeout_s, rows))
+            engine.send(ipc.encode_request(request_id, self.model, self.version, timeout_s, rows, shadow))
         except BaseException:
             engine.forget(request_id)
             raise

@@ -94,7 +94,11 @@ class RowsRequest:
         try:
             for i, row in enumerate(rows):
                 ticket = self.batcher.enqueue(
-                    row, functools.partial(self._row_done, i), self.message.timeout_s, self.timings[i]
+                    row,
+                    functools.partial(self._row_done, i),
+                    self.message.timeout_s,
+                    self.timings[i],
+                    self.message.shadow,
                 )
                 self.tickets.append(ticket)
         except BaseException:

@@ -45,6 +45,7 @@ class Exchange:
     inference_s: float | None = None  # the engine calls the request took part in, each counted once
     truncated: int | None = None  # None: nothing was checked against a window (no header)
     answered_by: tuple[str, ...] = ()  # the models whose answers the response holds (service.cascade)
+    shadow: bool = False  # a teacher's check of its student's answers, off any client's path
     stream_error: str | None = None  # a stream that failed after its 200 was sent: a server failure
     _batches: set[int] = field(default_factory=set, repr=False)
 

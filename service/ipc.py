@@ -69,6 +69,7 @@ class Encode(msgspec.Struct, tag=True, array_like=True):
     version: int
     timeout_s: float
     lengths: list[int]
+    shadow: bool = False  # lowest priority: a teacher checking its student (service.batching)
 
 
 class Generate(msgspec.Struct, tag=True, array_like=True):
@@ -246,12 +247,17 @@ def unpack_to_frontend(frames: Sequence[bytes]) -> ToFrontend:
 
 
 def encode_request(
-    request_id: int, model: str, version: int, timeout_s: float, rows: Sequence[EncodedText]
+    request_id: int,
+    model: str,
+    version: int,
+    timeout_s: float,
+    rows: Sequence[EncodedText],
+    shadow: bool = False,
 ) -> Frames:
     lengths = [len(r) for r in rows]
     ids = np.concatenate([r.input_ids for r in rows]) if len(rows) > 1 else rows[0].input_ids
     types = np.concatenate([r.type_ids for r in rows]) if len(rows) > 1 else rows[0].type_ids
-    header = Encode(request_id, model, version, timeout_s, lengths)
+    header = Encode(request_id, model, version, timeout_s, lengths, shadow)
     return pack(header, ids.astype(np.int64, copy=False), types.astype(np.int64, copy=False))
 
 

@@ -200,6 +200,32 @@ class Metrics:
             ["model", "teacher"],
             registry=r,
         )
+        # live agreement (shadow checks): agreement = agreed / compared, beside the export-time figure
+        self.shadow_compared = Counter(
+            "distilserve_shadow_compared",
+            "Student answers the teacher checked off the client's path (DISTILSERVE_SHADOW_RATE).",
+            ["model", "teacher"],
+            registry=r,
+        )
+        self.shadow_agreed = Counter(
+            "distilserve_shadow_agreed",
+            "Checked student answers whose best answer equals the teacher's.",
+            ["model", "teacher"],
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "distilserve_shadow_dropped",
+            "Sampled student answers left unchecked: the teacher was busy with client work, or too late.",
+            ["model", "teacher"],
+            registry=r,
+        )
+        self.distillation_agreement = Gauge(
+            "distilserve_distillation_agreement",
+            "The student's agreement with its teacher on the eval split, as its distillation report says.",
+            ["model", "teacher"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.time_to_first_token = Histogram(
             "distilserve_time_to_first_token_seconds",
             "From arrival to the first generated token.",

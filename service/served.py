@@ -31,10 +31,11 @@ Outputs = dict[str, np.ndarray]
 
 class EncoderHandle(Protocol):
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming]
+        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
     ) -> list[Outputs]:
         """Every row's outputs, all or none: a 429 or 504 for one leaves none queued. `timings` gets
-        one entry per row (queue wait, engine time, which engine call) as they become known."""
+        one entry per row (queue wait, engine time, which engine call) as they become known. `shadow`:
+        the lowest priority, refused or dropped first under load (service.batching)."""
         ...
 
 
@@ -92,6 +93,7 @@ class ServedModel(OfVersion):
             else None,
             "distillation": m.distillation.model_dump() if m.distillation else None,
             "chat": self.can_chat,
+            "embedding": m.embedding.model_dump() if m.embedding else None,
         }
 
 
@@ -118,15 +120,15 @@ class LocalEncoder:
         self.batcher = batcher
 
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming]
+        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
     ) -> list[Outputs]:
         if len(rows) == 1:  # the common case: no task per row
             timings.append(ItemTiming())
-            return [await self.batcher.submit(rows[0], timeout_s=timeout_s, timing=timings[-1])]
+            return [await self.batcher.submit(rows[0], timeout_s, timings[-1], shadow)]
         self.batcher.check_room(len(rows))  # QueueTooSmallError, QueueFullError: before anything queues
         timings.extend(ItemTiming() for _ in rows)
         return await all_or_none(
-            self.batcher.submit(row, timeout_s=timeout_s, timing=timing)
+            self.batcher.submit(row, timeout_s, timing, shadow)
             for row, timing in zip(rows, timings[-len(rows) :], strict=True)
         )
 

@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         description="One threshold for every pair instead of each pair's calibrated one (0: the student "
         "answers everything).",
     )
+    shadow_rate: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of a student's own answers its teacher checks too, after the client is answered, "
+        "at the engine's lowest priority (shed first under load): live agreement as a metric. 0: none.",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")
     gen_max_batch: int = Field(16, ge=1, description="Sequences decoded together by the generation engine.")
     gen_max_cached_tokens: int = Field(

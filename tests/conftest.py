@@ -130,6 +130,8 @@ def write_eval_data(task: str, out: Path) -> Path:
 def pair_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Per encoder task, an untrained tiny teacher (`<name>-teacher`) and a student of another seed paired
     with it (`<name>`, its cascade calibrated for 99 % agreement on the task's eval file)."""
+    import json
+
     from export.pipeline import PairSpec, export_model
     from service.manifest import TeacherRef
     from tests.tiny_models import build_tiny
@@ -141,6 +143,13 @@ def pair_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         eval_data = write_eval_data(task, root / task)
         teacher_dir = build_tiny(task, root / task / "teacher", seed=0)
         student_dir = build_tiny(task, root / task / "student", seed=1)
+        report = {  # what training writes beside a student: the export-time agreement live agreement meets
+            "metric": "accuracy",
+            "teacher": {"source": str(teacher_dir), "params": 1, "score": 0.5},
+            "student": {"params": 1, "score": 0.5},
+            "agreement": 0.5,
+        }
+        (student_dir / "distill_report.json").write_text(json.dumps(report), encoding="utf-8")
         teacher = export_model(
             teacher_dir, task, f"{name}-teacher", repository, ("fp32",), eval_data=eval_data
         )  # type: ignore[arg-type]

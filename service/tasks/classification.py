@@ -7,7 +7,7 @@ probabilities once per batch.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +16,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 
 from service.exchange import Exchange
 from service.tasks.common import (
+    answering,
     check_chars,
     enforce_window,
     label_order,
@@ -98,10 +99,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
         ClassifyRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
     )
     labels = label_order(job.model)
-
-    def answer(model: ServedModel, some: Sequence[str]) -> Awaitable[list[list[LabelScore]]]:
-        return classify(model, some, len(labels), job.c.metrics, job.timeout_s, job.x)
-
+    answer = answering(classify, len(labels), job.c.metrics, job.timeout_s)
     rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
     scores = [{r["label"]: r["score"] for r in row} for row in rows]
     return {

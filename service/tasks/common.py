@@ -43,15 +43,22 @@ def per_text_endpoint(task: str, run: PerText[R]) -> Handler:
     async def handle(body: TextsRequest, x: Exchange, c: Collaborators) -> R | list[R]:
         model = c.resolve(task, body.model, body.version, x)
         texts = c.texts(body.inputs, x)
-        timeout_s = c.settings.request_timeout_s
-
-        def answer(served: ServedModel, some: Sequence[str]) -> Awaitable[list[R]]:
-            return run(served, some, body.top_k, c.metrics, timeout_s, x)
-
+        answer = answering(run, body.top_k, c.metrics, c.settings.request_timeout_s)
         rows = await c.pairs.answer(model, texts, answer, body.cascade_threshold, x)
         return rows[0] if isinstance(body.inputs, str) else rows
 
     return handle
+
+
+def answering(
+    run: PerText[R], top_k: int, metrics: Metrics, timeout_s: float
+) -> Callable[[ServedModel, Sequence[str], Exchange], Awaitable[list[R]]]:
+    """`run` as service.cascade calls it: any model of the pair, some of the texts, an exchange."""
+
+    def answer(model: ServedModel, texts: Sequence[str], x: Exchange) -> Awaitable[list[R]]:
+        return run(model, texts, top_k, metrics, timeout_s, x)
+
+    return answer
 
 
 def check_chars(texts: Sequence[str], x: Exchange, what: str = "input") -> None:
@@ -97,7 +104,7 @@ async def run_all(
     assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
     timings: list[ItemTiming] = []
     try:
-        return await model.encoding.run(items, timeout_s, timings)
+        return await model.encoding.run(items, timeout_s, timings, x.shadow)
     except QueueTooSmallError as e:
         raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
     finally:

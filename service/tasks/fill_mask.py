@@ -7,7 +7,7 @@ sends back only the logits at the mask position, not a vocabulary-wide row per t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +17,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 from service.exchange import Exchange
 from service.tasks.classification import softmax
 from service.tasks.common import (
+    answering,
     check_chars,
     enforce_window,
     passed,
@@ -121,10 +122,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     body = validated(
         FillMaskRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
     )
-
-    def answer(model: ServedModel, some: Sequence[str]) -> Awaitable[list[list[Candidate]]]:
-        return fill_mask(model, some, body.top_k, job.c.metrics, job.timeout_s, job.x)
-
+    answer = answering(fill_mask, body.top_k, job.c.metrics, job.timeout_s)
     rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
     shape = (len(rows), len(rows[0]))
     return {

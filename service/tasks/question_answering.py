@@ -215,7 +215,9 @@ async def cascaded(
 ) -> list[list[Answer]]:
     """answer_all by the model, and by its teacher for the pairs it is unsure of (service.cascade)."""
 
-    def answer(served: ServedModel, some: Sequence[tuple[str, str]]) -> Awaitable[list[list[Answer]]]:
+    def answer(
+        served: ServedModel, some: Sequence[tuple[str, str]], x: Exchange
+    ) -> Awaitable[list[list[Answer]]]:
         return answer_all(served, some, rules, c.metrics, timeout_s, x)
 
     return await c.pairs.answer(model, pairs, answer, threshold, x)

@@ -18,6 +18,10 @@ TRAFFIC: list[tuple[str, dict[str, object], int]] = [
     ("/v1/generate", {"prompt": "The film was", "max_new_tokens": 4}, 200),
     ("/v1/generate", {"prompt": "The film was", "max_new_tokens": 4, "stream": True}, 200),
     ("/v1/classify", {"inputs": ""}, 422),
+    # a paired student (conftest's pair_repository): one request it answers alone (each input then checked
+    # by its teacher: DISTILSERVE_SHADOW_RATE=1), one it hands to its teacher whole
+    ("/v1/classify", {"inputs": ["a wonderful film", "dull"], "model": "cls", "cascade_threshold": 0.0}, 200),
+    ("/v1/classify", {"inputs": ["a wonderful film", "dull"], "model": "cls", "cascade_threshold": 1.0}, 200),
 ]
 
 
@@ -28,11 +32,26 @@ def serve_traffic(base_url: str) -> None:
             assert response.status_code == status, (path, body, response.text)
 
 
+@pytest.fixture(scope="package")
+def deploy_repository(
+    tiny_repository: Path, pair_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A model per task, and a student/teacher pair per encoder task, in one repository."""
+    import shutil
+
+    repository = tmp_path_factory.mktemp("deploy-models")
+    for source in (tiny_repository, pair_repository):
+        for model in source.iterdir():
+            shutil.copytree(model, repository / model.name)
+    return repository
+
+
 @pytest.fixture(scope="package", params=[1, 2], ids=["one-frontend", "two-frontends"])
-def served(tiny_repository: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+def served(deploy_repository: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """The service on a free 127.0.0.1 port with TRAFFIC answered; stopped after the package's tests.
     With one frontend, and with two (whose /metrics is their sum with the engine core's: what Prometheus, the
     alerts and the dashboard read must hold for both)."""
-    with live_server(tiny_repository, {"DISTILSERVE_FRONTENDS": str(request.param)}) as server:
+    env = {"DISTILSERVE_FRONTENDS": str(request.param), "DISTILSERVE_SHADOW_RATE": "1.0"}
+    with live_server(deploy_repository, env) as server:
         serve_traffic(server.base_url)
         yield server

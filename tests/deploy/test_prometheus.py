@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import TASK_MODEL_NAMES
+from tests.conftest import PAIR_NAMES, TASK_MODEL_NAMES
 from tests.deploy.test_dashboard import alert_queries, dashboard
 from tests.deploy.tools import DEPLOY, REPO, require_tool
 from tests.service.live_server import LiveServer, free_port
@@ -129,7 +129,8 @@ def test_distilserve_series_arrive(prometheus: Prometheus, served: LiveServer) -
     assert counts[("text-generation", "200")] >= 2, counts  # whole and streamed
 
     models = prometheus.api("label/model/values", **{"match[]": "distilserve_model_info"})
-    assert set(models) == set(TASK_MODEL_NAMES.values())
+    pairs = {name for student in PAIR_NAMES.values() for name in (student, f"{student}-teacher")}
+    assert set(models) == set(TASK_MODEL_NAMES.values()) | pairs
 
 
 def test_the_alert_rules_load_and_evaluate(prometheus: Prometheus) -> None:

@@ -356,3 +356,63 @@ def test_engine_threads_take_the_next_batch_without_waiting_for_the_event_loop()
         return ran
 
     assert run(engine, BatchPolicy(max_batch_size=1), body) == 4
+
+
+def test_shadow_items_never_share_a_batch_with_client_items_and_run_after_them() -> None:
+    engine = FakeEngine()
+    engine.release.clear()  # the first batch holds the engine while the rest queue
+
+    async def body(b: MicroBatcher[str, str]) -> list[str]:
+        first = asyncio.ensure_future(b.submit("c0"))
+        await asyncio.sleep(0.05)  # c0 is in the engine, blocked
+        shadows = [asyncio.ensure_future(b.submit(f"s{i}", shadow=True)) for i in range(2)]
+        clients = [asyncio.ensure_future(b.submit(f"c{i}")) for i in range(1, 3)]
+        await asyncio.sleep(0.01)
+        engine.release.set()
+        return list(await asyncio.gather(first, *clients, *shadows))
+
+    results = run(engine, BatchPolicy(max_batch_size=8), body)
+    assert results == ["c0c0", "c1c1", "c2c2", "s0s0", "s1s1"]
+    # the shadows queued first, yet the client items went before them, and never in one batch with them
+    assert engine.batches == [["c0"], ["c1", "c2"], ["s0", "s1"]]
+
+
+def test_a_shadow_is_refused_while_a_batch_of_client_work_waits() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> None:
+        running = asyncio.ensure_future(b.submit("c"))
+        await asyncio.sleep(0.05)
+        waiting = [asyncio.ensure_future(b.submit(f"w{i}")) for i in range(2)]  # a full batch of 2 waits
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFullError):
+            await b.submit("s", shadow=True)
+        engine.release.set()
+        await asyncio.gather(running, *waiting)
+
+    run(engine, BatchPolicy(max_batch_size=2), body)
+    assert all("s" not in batch for batch in engine.batches)
+
+
+def test_a_full_queue_drops_a_shadow_for_a_client_item_instead_of_a_429() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> tuple[list[Any], str]:
+        running = asyncio.ensure_future(b.submit("c"))
+        await asyncio.sleep(0.05)
+        shadows = [asyncio.ensure_future(b.submit(f"s{i}", shadow=True)) for i in range(2)]
+        await asyncio.sleep(0)
+        filler = asyncio.ensure_future(b.submit("f"))  # the queue (3) is now full: two shadows, one client
+        await asyncio.sleep(0)
+        client = asyncio.ensure_future(b.submit("x"))  # takes the newest shadow's place
+        await asyncio.sleep(0)
+        engine.release.set()
+        outcomes = await asyncio.gather(*shadows, return_exceptions=True)
+        await asyncio.gather(running, filler)
+        return outcomes, await client
+
+    outcomes, answer = run(engine, BatchPolicy(max_batch_size=4, max_queue=3), body)
+    assert answer == "xx"
+    assert outcomes[0] == "s0s0" and isinstance(outcomes[1], QueueFullError)

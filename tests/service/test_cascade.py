@@ -159,3 +159,28 @@ def test_a_student_whose_teacher_is_not_served_answers_alone(pair_repository: Pa
         assert all(entry["model"] == "cls" for row in answered for entry in row)
         (card,) = c.get("/v1/models").json()["models"]
         assert card["teacher"] is None and "not served" in card["cascade"]["reason"]
+
+
+def test_shadow_checks_count_live_agreement_with_the_teacher(pair_repository: Path) -> None:
+    import time
+
+    settings = Settings(model_repository=pair_repository, shadow_rate=1.0)
+    with TestClient(create_app(settings)) as c:
+        alone, headers = classify(c, "cls", threshold=0.0)  # the student answers all six: all are checked
+        assert headers["x-distilserve-answered-by"] == "cls"
+        teacher, _ = classify(c, "cls-teacher")
+        expected = sum(a[0]["label"] == t[0]["label"] for a, t in zip(alone, teacher, strict=True))
+
+        def counted(name: str) -> float:
+            return metric_value(c.get("/metrics").text, name, model="cls", teacher="cls-teacher")
+
+        deadline = time.monotonic() + 10
+        while counted("distilserve_shadow_compared_total") < len(TEXTS) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert counted("distilserve_shadow_compared_total") == len(TEXTS)
+        assert counted("distilserve_shadow_agreed_total") == expected
+        assert counted("distilserve_shadow_dropped_total") == 0
+        # what the teacher answered for the client stays the client's: shadows never reach a response
+        _, headers = classify(c, "cls")  # calibrated: all to the teacher, nothing left to check
+        assert headers["x-distilserve-answered-by"] == "cls-teacher"
+        assert counted("distilserve_shadow_compared_total") == len(TEXTS)

@@ -1,0 +1,320 @@
+"""The cascade on a served student/teacher pair: quality and the share sent to the teacher on the eval split,
+and served throughput against the teacher alone.
+
+    python -m benchmarks.cascade --repository build/real/sst2/models --student sst2 \\
+        --eval build/real/sst2/data/eval.jsonl --out docs/bench
+
+One server, the pair as exported (`python -m export ... --teacher-dir`, which calibrates the threshold).
+1. Quality: every eval input through /v1/classify (or /v1/qa) three ways, in requests of 32: the student
+   alone (cascade_threshold 0), the cascade at its calibrated threshold (the default), the teacher alone.
+   Accuracy (QA: F1) of each against the gold labels, the share the cascade sent to the teacher, and the
+   cascade's agreement with the teacher.
+2. Honesty check: the export calibrated on this same split. Calibrated on its even rows only (from the
+   student's and teacher's served answers), the threshold is applied to the odd rows it never saw.
+3. Throughput: wrk at `--connections` (64), one input a request, eval inputs drawn at random: the cascade,
+   the teacher alone, the student alone, `--seconds` each, side by side on the same server.
+A plot: quality against the share sent to the teacher over every threshold, the calibrated point marked.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import numpy as np
+import typer
+from rich.console import Console
+
+from benchmarks.servers import serve
+from benchmarks.wrk_load import LoadResult, load
+from common.cascade import at_threshold, calibrate
+from common.cli import cli_app
+from common.progress import ProgressLog
+
+console = Console(stderr=True)
+app = cli_app(help=__doc__)
+REQUEST_INPUTS = 32
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """A task's eval inputs as request items, their gold answers, and how answers are scored."""
+
+    path: str  # the endpoint
+    items: list[Any]  # one request item each (a text; a {question, context})
+    gold: list[Any]
+    quality_name: str
+    quality: Callable[[Sequence[str], Sequence[Any]], float]
+    read: Callable[[Any], tuple[str, float, str]]  # one answer -> (answer, score, model)
+    alone: Callable[[Any], dict[str, Any]]  # one item as a request of its own
+
+    def body(self, items: Sequence[Any], model: str, threshold: float | None) -> dict[str, Any]:
+        return _asking({"inputs": list(items)}, model, threshold)
+
+    def one(self, item: Any, model: str, threshold: float | None) -> str:
+        return json.dumps(_asking(self.alone(item), model, threshold))
+
+
+def _asking(body: dict[str, Any], model: str, threshold: float | None) -> dict[str, Any]:
+    body = {**body, "model": model}
+    return body if threshold is None else {**body, "cascade_threshold": threshold}
+
+
+def classification_set(path: Path) -> EvalSet:
+    from training.data.loaders import load_classification
+
+    data = load_classification(path)
+
+    def accuracy(answers: Sequence[str], gold: Sequence[Any]) -> float:
+        return float(np.mean([a == g for a, g in zip(answers, gold, strict=True)]))
+
+    return EvalSet(
+        "/v1/classify",
+        [e.text for e in data.examples],
+        [data.label_names[e.label] for e in data.examples],
+        "accuracy",
+        accuracy,
+        lambda row: (row[0]["label"], row[0]["score"], row[0]["model"]),
+        lambda text: {"inputs": text},
+    )
+
+
+def qa_set(path: Path) -> EvalSet:
+    from training.data.loaders import load_squad
+    from training.squad_metrics import squad_scores
+
+    examples = load_squad(path)
+    return EvalSet(
+        "/v1/qa",
+        [{"question": e.question, "context": e.context} for e in examples],
+        [[a.text for a in e.answers] for e in examples],
+        "F1",
+        lambda answers, gold: squad_scores(answers, gold).f1,
+        lambda answer: (answer["answer"], answer["score"], answer["model"]),
+        dict,
+    )
+
+
+@dataclass
+class Pass:
+    """One way of answering the whole eval split."""
+
+    answers: list[str]
+    scores: list[float]
+    models: list[str]
+
+
+def served_pass(base: str, data: EvalSet, model: str, threshold: float | None, progress: ProgressLog) -> Pass:
+    out = Pass([], [], [])
+    with httpx.Client(base_url=base, timeout=300) as client:
+        for start in range(0, len(data.items), REQUEST_INPUTS):
+            chunk = data.items[start : start + REQUEST_INPUTS]
+            r = client.post(data.path, json=data.body(chunk, model, threshold))
+            r.raise_for_status()
+            for answer, score, by in map(data.read, r.json()):
+                out.answers.append(answer)
+                out.scores.append(score)
+                out.models.append(by)
+            progress.update(advance=len(chunk))
+    return out
+
+
+@dataclass
+class Quality:
+    student: float
+    cascade: float
+    teacher: float
+    fallback_rate: float
+    cascade_agreement: float
+    student_agreement: float
+    threshold: float
+    held_out: dict[str, float]  # calibrated on even rows, measured on odd rows
+
+
+def held_out(data: EvalSet, student: Pass, teacher: Pass, target: float) -> dict[str, float]:
+    """Calibrate on the even rows, apply to the odd ones: the export's figure on inputs it never saw."""
+    agrees = np.array([a == b for a, b in zip(student.answers, teacher.answers, strict=True)])
+    scores = np.array(student.scores)
+    found = calibrate(scores[0::2], agrees[0::2], target)
+    odd = range(1, len(scores), 2)
+    answers = [student.answers[i] if scores[i] >= found.threshold else teacher.answers[i] for i in odd]
+    gold = [data.gold[i] for i in odd]
+    on_odd = at_threshold(scores[1::2], agrees[1::2], found.threshold)
+    return {
+        "threshold": found.threshold,
+        "cascade": data.quality(answers, gold),
+        "teacher": data.quality([teacher.answers[i] for i in odd], gold),
+        "fallback_rate": on_odd.fallback_rate,
+        "agreement": on_odd.agreement,
+    }
+
+
+def sweep(data: EvalSet, student: Pass, teacher: Pass) -> list[tuple[float, float, float]]:
+    """(threshold, share sent to the teacher, quality) at every distinct student score."""
+    points = []
+    scores = np.array(student.scores)
+    for threshold in [0.0, *sorted(set(student.scores))]:
+        answers = [
+            s if c >= threshold else t
+            for s, t, c in zip(student.answers, teacher.answers, scores, strict=True)
+        ]
+        points.append((threshold, float((scores < threshold).mean()), data.quality(answers, data.gold)))
+    return points
+
+
+def plot(
+    points: list[tuple[float, float, float]], quality: Quality, name: str, metric: str, path: Path
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot([100 * p[1] for p in points], [100 * p[2] for p in points], color="tab:blue", label="cascade")
+    ax.axhline(100 * quality.teacher, color="tab:green", linestyle="--", label="teacher alone")
+    ax.axhline(100 * quality.student, color="tab:orange", linestyle=":", label="student alone")
+    ax.plot(
+        [100 * quality.fallback_rate],
+        [100 * quality.cascade],
+        "o",
+        color="tab:red",
+        label=f"served at the calibrated threshold {quality.threshold:.3f}",
+    )
+    ax.set_xlabel("inputs answered by the teacher (%)")
+    ax.set_ylabel(f"{metric} on the eval split (%)")
+    ax.set_title(f"{name}: the student's unsure inputs to its teacher")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def throughput(
+    base: str, data: EvalSet, student: str, teacher: str, connections: int, seconds: int
+) -> dict[str, LoadResult]:
+    rng = random.Random(0)
+    sample = rng.sample(data.items, min(len(data.items), 2000))
+    ways = {"cascade": (student, None), "teacher alone": (teacher, None), "student alone": (student, 0.0)}
+    results = {}
+    with ProgressLog.beside(console, "throughput", len(ways), unit="ways") as progress:
+        for way, (model, threshold) in ways.items():
+            progress.update(status=way)
+            bodies = [data.one(item, model, threshold) for item in sample]
+            results[way] = load(way, base, data.path, bodies, connections, seconds)
+            progress.update(advance=1)
+    return results
+
+
+def measure_quality(
+    base: str, data: EvalSet, student: str, teacher: str, target: float
+) -> tuple[Quality, list[tuple[float, float, float]]]:
+    ways = {"student alone": (student, 0.0), "cascade": (student, None), "teacher alone": (teacher, None)}
+    passes = {}
+    with ProgressLog.beside(console, "eval passes", len(ways) * len(data.items), unit="inputs") as progress:
+        for way, (model, threshold) in ways.items():
+            progress.update(status=way)
+            passes[way] = served_pass(base, data, model, threshold, progress)
+    alone, cascade, by_teacher = passes["student alone"], passes["cascade"], passes["teacher alone"]
+    agreement = [a == b for a, b in zip(cascade.answers, by_teacher.answers, strict=True)]
+    student_agreement = [a == b for a, b in zip(alone.answers, by_teacher.answers, strict=True)]
+    threshold = _served_threshold(base, student)
+    quality = Quality(
+        student=data.quality(alone.answers, data.gold),
+        cascade=data.quality(cascade.answers, data.gold),
+        teacher=data.quality(by_teacher.answers, data.gold),
+        fallback_rate=float(np.mean([m == teacher for m in cascade.models])),
+        cascade_agreement=float(np.mean(agreement)),
+        student_agreement=float(np.mean(student_agreement)),
+        threshold=threshold,
+        held_out=held_out(data, alone, by_teacher, target),
+    )
+    return quality, sweep(data, alone, by_teacher)
+
+
+def _served_threshold(base: str, student: str) -> float:
+    cards = httpx.get(f"{base}/v1/models", timeout=10).json()["models"]
+    card = next(c for c in cards if c["name"] == student)
+    if card["teacher"] is None or not card["cascade"]["active"]:
+        raise typer.BadParameter(
+            f"{student} is not served as a pair with an active cascade: {card['cascade']}"
+        )
+    return float(card["cascade"]["threshold"])
+
+
+def report(
+    name: str, data: EvalSet, quality: Quality, speed: dict[str, LoadResult], target: float, connections: int
+) -> str:
+    q, m = quality, data.quality_name
+    h = q.held_out
+    lines = [
+        f"# The cascade on {name} ({len(data.items)} eval inputs)",
+        "",
+        f"Calibrated at export for {target:.0%} agreement with the teacher: threshold {q.threshold:.4f}.",
+        "",
+        f"| way | {m} | sent to the teacher | agreement with the teacher |",
+        "|---|---|---|---|",
+        f"| student alone | {q.student:.4f} | 0 % | {q.student_agreement:.2%} |",
+        f"| cascade (served) | {q.cascade:.4f} | {q.fallback_rate:.1%} | {q.cascade_agreement:.2%} |",
+        f"| teacher alone | {q.teacher:.4f} | 100 % | 100 % |",
+        "",
+        f"Cascade {m} - teacher's: {100 * (q.cascade - q.teacher):+.2f} points.",
+        f"Calibrated on the even rows only and applied to the odd rows (threshold {h['threshold']:.4f}): "
+        f"{m} {h['cascade']:.4f} against the teacher's {h['teacher']:.4f} "
+        f"({100 * (h['cascade'] - h['teacher']):+.2f} points), {h['fallback_rate']:.1%} sent to the teacher, "
+        f"agreement {h['agreement']:.2%}.",
+        "",
+        f"Served throughput at {connections} connections, one input a request:",
+        "",
+        "| way | requests/s | p50 ms | p99 ms | errors | mean batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for way, r in speed.items():
+        batch = "-" if r.mean_batch is None else f"{r.mean_batch:.1f}"
+        lines.append(f"| {way} | {r.rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} | {batch} |")
+    ratio = speed["cascade"].rps / speed["teacher alone"].rps
+    lines += ["", f"Cascade ÷ teacher alone: {ratio:.2f}x requests/s.", ""]
+    return "\n".join(lines)
+
+
+@app.command()
+def main(
+    repository: Annotated[Path, typer.Option(help="Model repository holding the pair.")],
+    student: Annotated[str, typer.Option(help="The student's name; its manifest names the teacher.")],
+    eval_data: Annotated[
+        Path, typer.Option("--eval", help="The eval split (.jsonl classification, SQuAD .json).")
+    ],
+    out: Annotated[Path, typer.Option(help="Directory for the report, its JSON and plot.")] = Path(
+        "docs/bench"
+    ),
+    connections: Annotated[int, typer.Option(min=1)] = 64,
+    seconds: Annotated[int, typer.Option(min=1, help="wrk seconds per way.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="Eval inputs used, the first N.")] = 100_000,
+) -> None:
+    """Quality, share sent to the teacher and served throughput of a student/teacher pair's cascade."""
+    data = qa_set(eval_data) if eval_data.suffix == ".json" else classification_set(eval_data)
+    data = replace(data, items=data.items[:limit], gold=data.gold[:limit])
+    manifest = json.loads(
+        max((repository / student).glob("*/manifest.json"), key=lambda p: int(p.parent.name)).read_text()
+    )
+    teacher, target = manifest["teacher"]["name"], manifest["cascade"]["target_agreement"]
+    with serve(repository, {}) as base:
+        quality, points = measure_quality(base, data, student, teacher, target)
+        speed = throughput(base, data, student, teacher, connections, seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(student, data, quality, speed, target, connections)
+    (out / f"cascade-{student}.md").write_text(text, encoding="utf-8")
+    record = {"quality": asdict(quality), "throughput": {k: asdict(v) for k, v in speed.items()}}
+    (out / f"cascade-{student}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    plot(points, quality, student, data.quality_name, out / f"cascade-{student}.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    app()
