@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ import typer
 from rich.console import Console
 
 from benchmarks.servers import serve
-from benchmarks.wrk_load import LoadResult, load
+from benchmarks.wrk_load import LoadResult, load, metric_totals
 from common.cascade import at_threshold, calibrate
 from common.cli import cli_app
 from common.progress import ProgressLog
@@ -196,18 +197,30 @@ def plot(
     plt.close(fig)
 
 
-def throughput(
-    base: str, data: EvalSet, student: str, teacher: str, connections: int, seconds: int
-) -> dict[str, LoadResult]:
+def sample_bodies(data: EvalSet, model: str, threshold: float | None) -> list[str]:
+    """Requests of one eval input each, the same 2,000 (at most) for every way measured."""
     rng = random.Random(0)
-    sample = rng.sample(data.items, min(len(data.items), 2000))
+    return [data.one(item, model, threshold) for item in rng.sample(data.items, min(len(data.items), 2000))]
+
+
+def throughput(
+    base: str,
+    data: EvalSet,
+    student: str,
+    teacher: str,
+    connections: int,
+    seconds: int,
+    thresholds: Sequence[float] = (),
+) -> dict[str, LoadResult]:
     ways = {"cascade": (student, None), "teacher alone": (teacher, None), "student alone": (student, 0.0)}
+    ways |= {f"cascade at {t:g}": (student, t) for t in thresholds}
     results = {}
     with ProgressLog.beside(console, "throughput", len(ways), unit="ways") as progress:
         for way, (model, threshold) in ways.items():
             progress.update(status=way)
-            bodies = [data.one(item, model, threshold) for item in sample]
-            results[way] = load(way, base, data.path, bodies, connections, seconds)
+            results[way] = load(
+                way, base, data.path, sample_bodies(data, model, threshold), connections, seconds
+            )
             progress.update(advance=1)
     return results
 
@@ -224,7 +237,6 @@ def measure_quality(
     alone, cascade, by_teacher = passes["student alone"], passes["cascade"], passes["teacher alone"]
     agreement = [a == b for a, b in zip(cascade.answers, by_teacher.answers, strict=True)]
     student_agreement = [a == b for a, b in zip(alone.answers, by_teacher.answers, strict=True)]
-    threshold = _served_threshold(base, student)
     quality = Quality(
         student=data.quality(alone.answers, data.gold),
         cascade=data.quality(cascade.answers, data.gold),
@@ -232,7 +244,7 @@ def measure_quality(
         fallback_rate=float(np.mean([m == teacher for m in cascade.models])),
         cascade_agreement=float(np.mean(agreement)),
         student_agreement=float(np.mean(student_agreement)),
-        threshold=threshold,
+        threshold=_served_threshold(base, student),
         held_out=held_out(data, alone, by_teacher, target),
     )
     return quality, sweep(data, alone, by_teacher)
@@ -240,7 +252,7 @@ def measure_quality(
 
 def _served_threshold(base: str, student: str) -> float:
     cards = httpx.get(f"{base}/v1/models", timeout=10).json()["models"]
-    card = next(c for c in cards if c["name"] == student)
+    card = max((c for c in cards if c["name"] == student), key=lambda c: c["version"])  # the one served
     if card["teacher"] is None or not card["cascade"]["active"]:
         raise typer.BadParameter(
             f"{student} is not served as a pair with an active cascade: {card['cascade']}"
@@ -283,6 +295,94 @@ def report(
     return "\n".join(lines)
 
 
+def live_report(live: Live, alone: LoadResult, quality: Quality) -> str:
+    offline = "not recorded" if live.offline is None else f"{live.offline:.2%}"
+    lines = [
+        "",
+        "Live agreement: the eval split replayed with DISTILSERVE_SHADOW_RATE=1 (cascade off): "
+        f"{live.compared:.0f} student answers checked by the teacher, {live.dropped:.0f} dropped; live "
+        f"agreement {live.agreement:.2%} against {offline} in the distillation report "
+        f"(and {quality.student_agreement:.2%} from the served student and teacher answered apart).",
+    ]
+    if live.under_load is not None:
+        r = live.under_load
+        lines.append(
+            f"Under load ({r.connections} connections) with shadow rate 1: {r.rps:.0f} requests/s, p50 "
+            f"{r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, {r.errors} errors, {live.checked_under_load:.0f} "
+            f"answers checked and {live.dropped_under_load:.0f} dropped; the student alone without "
+            f"shadows: {alone.rps:.0f} requests/s, p50 {alone.p50_ms:.1f}, p99 {alone.p99_ms:.1f} ms."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def fewest(points: list[tuple[float, float, float]], quality: Quality, data: EvalSet) -> str:
+    """The least sent to the teacher for a quality within 0.2 and 0.5 points of the teacher's (offline,
+    from the student's and teacher's served answers)."""
+    lines = []
+    for points_off in (0.2, 0.5):
+        within = [p for p in points if p[2] >= quality.teacher - points_off / 100]
+        if within:
+            t, f, q = min(within, key=lambda p: p[1])
+            lines.append(
+                f"Fewest sent to the teacher with {data.quality_name} within {points_off} points of the "
+                f"teacher's: {f:.1%} (threshold {t:.4f}, {data.quality_name} {q:.4f})."
+            )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Live:
+    """The eval split replayed with every student answer checked by the teacher (shadow rate 1)."""
+
+    compared: float
+    agreed: float
+    dropped: float
+    offline: float | None  # the distillation report's agreement, as the manifest carries it
+    under_load: LoadResult | None = None  # 64 connections, shadow rate 1: what shedding leaves
+    checked_under_load: float = 0.0  # shadow checks done / dropped during that load
+    dropped_under_load: float = 0.0
+
+    @property
+    def agreement(self) -> float:
+        return self.agreed / self.compared if self.compared else float("nan")
+
+
+def replay_with_shadows(
+    repository: Path, data: EvalSet, student: str, offline: float | None, connections: int, seconds: int
+) -> Live:
+    """A server with DISTILSERVE_SHADOW_RATE=1 and the cascade off: the student answers every eval input
+    (one request of 32 at a time, the next once the teacher has checked them: no client work competes)
+    and the teacher checks each; then the same server under wrk load, where shadow checks must give way."""
+    env = {"DISTILSERVE_SHADOW_RATE": "1.0", "DISTILSERVE_CASCADE": "off"}
+    with serve(repository, env) as base:
+
+        def counts() -> tuple[float, float, float]:
+            totals = metric_totals(base)
+            compared, agreed, dropped = (
+                totals.get(f"distilserve_shadow_{n}_total", 0.0) for n in ("compared", "agreed", "dropped")
+            )
+            return compared, agreed, dropped
+
+        sent = 0
+        with (
+            ProgressLog.beside(console, "shadow replay", len(data.items), unit="inputs") as progress,
+            httpx.Client(base_url=base, timeout=300) as client,
+        ):
+            for start in range(0, len(data.items), REQUEST_INPUTS):
+                chunk = data.items[start : start + REQUEST_INPUTS]
+                client.post(data.path, json=data.body(chunk, student, None)).raise_for_status()
+                sent += len(chunk)
+                deadline = time.monotonic() + 30
+                while sum(counts()[::2]) < sent and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                progress.update(advance=len(chunk))
+        compared, agreed, dropped = counts()
+        bodies = sample_bodies(data, student, None)
+        under_load = load("student, shadow rate 1", base, data.path, bodies, connections, seconds)
+        after = counts()
+    return Live(compared, agreed, dropped, offline, under_load, after[0] - compared, after[2] - dropped)
+
+
 @app.command()
 def main(
     repository: Annotated[Path, typer.Option(help="Model repository holding the pair.")],
@@ -296,6 +396,9 @@ def main(
     connections: Annotated[int, typer.Option(min=1)] = 64,
     seconds: Annotated[int, typer.Option(min=1, help="wrk seconds per way.")] = 20,
     limit: Annotated[int, typer.Option(min=1, help="Eval inputs used, the first N.")] = 100_000,
+    thresholds: Annotated[
+        str, typer.Option(help="Comma list of other thresholds whose served throughput is measured too.")
+    ] = "",
 ) -> None:
     """Quality, share sent to the teacher and served throughput of a student/teacher pair's cascade."""
     data = qa_set(eval_data) if eval_data.suffix == ".json" else classification_set(eval_data)
@@ -304,13 +407,23 @@ def main(
         max((repository / student).glob("*/manifest.json"), key=lambda p: int(p.parent.name)).read_text()
     )
     teacher, target = manifest["teacher"]["name"], manifest["cascade"]["target_agreement"]
+    offline = (manifest.get("distillation") or {}).get("agreement")
     with serve(repository, {}) as base:
+        _served_threshold(base, student)  # refuse before measuring anything
         quality, points = measure_quality(base, data, student, teacher, target)
-        speed = throughput(base, data, student, teacher, connections, seconds)
+        extra = [float(t) for t in thresholds.split(",") if t.strip()]
+        speed = throughput(base, data, student, teacher, connections, seconds, extra)
+    live = replay_with_shadows(repository, data, student, offline, connections, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(student, data, quality, speed, target, connections)
+    text = report(student, data, quality, speed, target, connections) + fewest(points, quality, data)
+    text += live_report(live, speed["student alone"], quality)
     (out / f"cascade-{student}.md").write_text(text, encoding="utf-8")
-    record = {"quality": asdict(quality), "throughput": {k: asdict(v) for k, v in speed.items()}}
+    record = {
+        "quality": asdict(quality),
+        "throughput": {k: asdict(v) for k, v in speed.items()},
+        "live": asdict(live),
+        "sweep": [{"threshold": t, "to_teacher": f, data.quality_name: q} for t, f, q in points],
+    }
     (out / f"cascade-{student}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     plot(points, quality, student, data.quality_name, out / f"cascade-{student}.png")
     print(text)

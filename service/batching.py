@@ -5,10 +5,13 @@ busy; cap a batch by count and by padded tokens; group similar lengths; bound th
 deadline passed or whose caller went away before compute; run the engine off the event loop, up to
 `concurrency` batches at once (Triton's instance count), each engine thread taking its own next batch.
 
-Shadow items (a teacher checking its student's answers, service.cascade) have the lowest priority: one is
-refused at once while a batch's worth of client work waits; shadows never share a batch with client items
-(on a CPU every row a batch carries lengthens it) and run only when no client item waits; and a shadow is
-the first to go when the queue is full: a client item takes its place instead of getting a 429.
+Shadow items (a teacher checking its student's answers, service.cascade) have the lowest priority, across
+every model of the engine (they share its cores: a teacher's shadow batch slows its student's clients as
+much as its own): one is refused at once while a batch's worth of client work waits in any batcher of the
+`ClientWork` group; shadows never share a batch with client items (on a CPU every row a batch carries
+lengthens it), run only while no client item is queued or running anywhere in the group, at most
+SHADOW_BATCH at a time (what a client arriving meanwhile may wait behind); and a shadow is the first to go
+when the queue is full: a client item takes its place instead of getting a 429.
 """
 
 from __future__ import annotations
@@ -31,6 +34,21 @@ log = logging.getLogger(__name__)
 
 
 _BATCH_IDS = itertools.count()  # process-wide, so engine calls of different models never share an id
+SHADOW_BATCH = 8  # most shadow items in one engine call
+SHADOW_POLL_S = 0.002  # how often an engine thread holding only shadows looks whether clients are gone
+
+
+class ClientWork:
+    """The batchers of one engine (whose models share its cores): is any client item queued or running?"""
+
+    def __init__(self) -> None:
+        self.batchers: list[MicroBatcher[Any, Any]] = []
+
+    def queued(self) -> int:
+        return sum(b.client_queued for b in self.batchers)
+
+    def busy(self) -> bool:
+        return any(b.client_queued or b.client_running for b in self.batchers)
 
 
 class QueueFullError(Exception):
@@ -190,6 +208,7 @@ class MicroBatcher(Generic[T, R]):
         concurrency: int = 1,
         on_batch: Callable[[BatchStats], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
+        clients: ClientWork | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -208,6 +227,10 @@ class MicroBatcher(Generic[T, R]):
         self._threads: list[asyncio.Future[None]] = []
         self._last_run_s = 0.0
         self._last_batch_size = 1
+        self._shadow_queued = 0  # shadow items in the queue (changed under the lock)
+        self.client_running = 0  # client items in engine calls now
+        self.clients = clients if clients is not None else ClientWork()
+        self.clients.batchers.append(self)
 
     # -- public (event loop) ---------------------------------------------------------------------------------
 
@@ -234,6 +257,10 @@ class MicroBatcher(Generic[T, R]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    @property
+    def client_queued(self) -> int:
+        return len(self._queue) - self._shadow_queued
+
     def check_room(self, count: int) -> None:
         """Refuse `count` items together unless the queue can hold them all (a request's windows or texts:
         queueing some of them and refusing the rest computes for nobody)."""
@@ -242,7 +269,7 @@ class MicroBatcher(Generic[T, R]):
                 f"{count} sequences at once; the queue holds at most {self.policy.max_queue}"
             )
         full = len(self._queue) + count > self.policy.max_queue
-        if full and len(self._queue) - self._shadows() + count > self.policy.max_queue:  # shadows make room
+        if full and self.client_queued + count > self.policy.max_queue:  # shadows make room
             raise QueueFullError(self._retry_after_s())
 
     async def submit(
@@ -316,20 +343,20 @@ class MicroBatcher(Generic[T, R]):
             if self._closing:  # again under the lock: engine threads stop once they see it and no work
                 raise BatcherClosedError("the server is shutting down and takes no new work")
             self._queue.append(pending)
+            self._shadow_queued += shadow
             self._work.notify()
         self._report_depth()
         return pending
 
-    def _shadows(self) -> int:
-        return sum(p.shadow for p in self._queue)
-
     def _admit_shadow(self) -> None:
-        """A shadow item waits only behind less than a batch of client work, beside less than a batch of
-        other shadows, and never fills the queue's last place."""
-        shadows = self._shadows()
-        waiting = len(self._queue) - shadows
+        """A shadow item waits only behind less than a batch of client work (in the whole engine), beside
+        less than a batch of other shadows, and never fills the queue's last place."""
         size = self.policy.max_batch_size
-        if waiting >= size or shadows >= size or len(self._queue) >= self.policy.max_queue:
+        if (
+            self._shadow_queued >= size
+            or len(self._queue) >= self.policy.max_queue
+            or self.clients.queued() >= size
+        ):
             raise QueueFullError(self._retry_after_s())
 
     def _evict_shadow(self) -> bool:
@@ -339,6 +366,7 @@ class MicroBatcher(Generic[T, R]):
             if victim is None:
                 return False
             self._queue.remove(victim)
+            self._shadow_queued -= 1
         if not victim.future.done():
             victim.future.set_exception(QueueFullError(self._retry_after_s()))
         return True
@@ -354,6 +382,7 @@ class MicroBatcher(Generic[T, R]):
             if pending.taken or pending not in self._queue:
                 return False
             self._queue.remove(pending)
+            self._shadow_queued -= pending.shadow
         self._report_depth()
         return True
 
@@ -371,12 +400,16 @@ class MicroBatcher(Generic[T, R]):
             started = time.monotonic()
             failure: Exception | None = None
             results: Sequence[R] = ()
+            clients = 0 if batch[0].shadow else len(batch)  # a batch is all client items or all shadows
             try:
                 results = self._run_batch([p.item for p in batch])
                 if len(results) != len(batch):
                     raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
             except Exception as e:  # a failing batch fails only its own requests
                 failure = e
+            finally:
+                with self._work:
+                    self.client_running -= clients
             self._last_run_s, self._last_batch_size = time.monotonic() - started, len(batch)
             # Work that queued while the engine ran means load: only then may max_wait apply.
             under_load = bool(self._queue)
@@ -386,6 +419,9 @@ class MicroBatcher(Generic[T, R]):
         with self._work:
             while True:
                 self._drop_stale()
+                if self._queue and not self.client_queued and self.clients.busy():
+                    self._work.wait(SHADOW_POLL_S)  # only shadows here, clients busy elsewhere: yield
+                    continue
                 if self._queue:
                     if under_load and self.policy.max_wait_s > 0:
                         self._wait_for_fuller_batch()
@@ -414,7 +450,7 @@ class MicroBatcher(Generic[T, R]):
             pool[j]
             for j in select_batch(
                 [items[i].cost for i in pool],
-                policy.max_batch_size,
+                policy.max_batch_size if client else min(policy.max_batch_size, SHADOW_BATCH),
                 policy.max_batch_tokens,
                 policy.min_padding_efficiency,
             )
@@ -422,6 +458,10 @@ class MicroBatcher(Generic[T, R]):
         chosen = [items[i] for i in indices]
         keep = set(indices)
         self._queue = [p for i, p in enumerate(items) if i not in keep]
+        if client:
+            self.client_running += len(chosen)
+        else:
+            self._shadow_queued -= len(chosen)
         for p in chosen:
             p.taken = True
         self._report_depth()
@@ -433,6 +473,7 @@ class MicroBatcher(Generic[T, R]):
         stale = [p for p in self._queue if p.future.done() or (p.deadline is not None and now >= p.deadline)]
         if stale:
             self._queue = [p for p in self._queue if p not in stale]
+            self._shadow_queued -= sum(p.shadow for p in stale)
             self._report_depth()
             for p in stale:
                 self._post(self._fail_late, p)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from service.batching import BatchPolicy, BatchStats, MicroBatcher
+from service.batching import BatchPolicy, BatchStats, ClientWork, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
 from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
@@ -268,9 +268,14 @@ def counting_steps(hooks: EngineHooks, stats: ModelStats) -> EngineHooks:
 
 
 def load_engine_model(
-    version: ModelVersion, settings: Settings, metrics: Metrics, engine_factory: EngineFactory
+    version: ModelVersion,
+    settings: Settings,
+    metrics: Metrics,
+    engine_factory: EngineFactory,
+    clients: ClientWork | None = None,
 ) -> EngineModel:
-    """Build what the engine runs for one model version; the batcher is started later, inside the loop."""
+    """Build what the engine runs for one model version; the batcher is started later, inside the loop.
+    `clients`: the engine's batchers together, whose client work shadow items yield to."""
     manifest = version.manifest
     generation = manifest.generation is not None
     plan = engine_plan(settings, on_gpu=False, generation=generation)
@@ -316,6 +321,7 @@ def load_engine_model(
             concurrency=plan.instances,
             on_batch=counting_batches(metrics.for_model(name).observe_batch, model.stats),
             on_queue_depth=metrics.for_model(name).queue_depth.set,
+            clients=clients,
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
     log.info(
@@ -389,9 +395,10 @@ def load_engine_models(
         found = "; ".join(problems) or "no <name>/<version>/manifest.json found"
         raise StartupError(f"no servable model in {settings.model_repository}: {found}")
     models: list[EngineModel] = []
+    clients = ClientWork()  # the models share the cores: shadow work yields to every model's clients
     for version in scan.versions:
         try:
-            models.append(load_engine_model(version, settings, metrics, engine_factory))
+            models.append(load_engine_model(version, settings, metrics, engine_factory, clients))
         except (RepositoryError, ValueError) as e:
             if settings.strict_repository:
                 raise StartupError(str(e)) from e

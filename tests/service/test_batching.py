@@ -15,6 +15,7 @@ from service.batching import (
     BatcherClosedError,
     BatchPolicy,
     BatchStats,
+    ClientWork,
     DeadlineExceededError,
     MicroBatcher,
     QueueFullError,
@@ -416,3 +417,37 @@ def test_a_full_queue_drops_a_shadow_for_a_client_item_instead_of_a_429() -> Non
     outcomes, answer = run(engine, BatchPolicy(max_batch_size=4, max_queue=3), body)
     assert answer == "xx"
     assert outcomes[0] == "s0s0" and isinstance(outcomes[1], QueueFullError)
+
+
+def test_shadows_wait_while_another_model_of_the_engine_has_client_work() -> None:
+    """The models share the cores: a teacher's shadow batch waits for its student's clients to finish."""
+    student, teacher = FakeEngine(), FakeEngine()
+    student.release.clear()
+    order: list[str] = []
+
+    async def main() -> list[str]:
+        clients = ClientWork()
+        with ThreadPoolExecutor(max_workers=2) as executor:
+            batchers = [
+                MicroBatcher(engine, BatchPolicy(), cost=len, executor=executor, clients=clients)
+                for engine in (student, teacher)
+            ]
+            for b in batchers:
+                b.start()
+            try:
+                client = asyncio.ensure_future(batchers[0].submit("c"))
+                await asyncio.sleep(0.05)  # the student's client item is running, held
+                shadow = asyncio.ensure_future(batchers[1].submit("s", shadow=True))
+                shadow.add_done_callback(lambda _: order.append("shadow"))
+                client.add_done_callback(lambda _: order.append("client"))
+                await asyncio.sleep(0.1)
+                assert not shadow.done()  # the teacher is idle, yet its shadow waits
+                student.release.set()
+                return list(await asyncio.gather(client, shadow))
+            finally:
+                student.release.set()
+                for b in batchers:
+                    await b.close()
+
+    assert asyncio.run(main()) == ["cc", "ss"]
+    assert order == ["client", "shadow"]
