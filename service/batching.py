@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _BATCH_IDS = itertools.count()  # process-wide, so engine calls of different models never share an id
 SHADOW_BATCH = 8  # most shadow items in one engine call
+SHADOW_QUEUE_BATCHES = 4  # shadow items a batcher queues, in batches (a QA check is a window per row)
 SHADOW_POLL_S = 0.002  # how often an engine thread holding only shadows looks whether clients are gone
 
 
@@ -350,10 +351,10 @@ class MicroBatcher(Generic[T, R]):
 
     def _admit_shadow(self) -> None:
         """A shadow item waits only behind less than a batch of client work (in the whole engine), beside
-        less than a batch of other shadows, and never fills the queue's last place."""
+        less than SHADOW_QUEUE_BATCHES batches of other shadows, and never fills the queue's last place."""
         size = self.policy.max_batch_size
         if (
-            self._shadow_queued >= size
+            self._shadow_queued >= SHADOW_QUEUE_BATCHES * size
             or len(self._queue) >= self.policy.max_queue
             or self.clients.queued() >= size
         ):
