@@ -26,6 +26,7 @@ from service.runtime import EngineFactory, EngineModel, StartupError, load_engin
 from service.served import ServedModel, local_models
 from service.settings import Settings
 from service.tasks.contract import Collaborators
+from service.tasks.retrieval import PassageCache
 
 __all__ = ["StartupError", "create_app"]
 
@@ -108,7 +109,8 @@ def create_app(
         models = await engine.open()
         app.state.registry = ModelRegistry(models)
         pairs = Pairs(app.state.registry, settings, metrics)
-        app.state.collaborators = Collaborators(settings, metrics, app.state.registry, pairs)
+        passages = PassageCache(settings.passage_cache, metrics)
+        app.state.collaborators = Collaborators(settings, metrics, app.state.registry, pairs, passages)
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
         if loaded is not None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from service.registry import ModelRegistry
     from service.served import ServedModel
     from service.settings import Settings
+    from service.tasks.retrieval import PassageCache
 
 
 class InvalidInputError(ValueError):
@@ -94,6 +95,7 @@ class Collaborators:
     metrics: Metrics
     registry: ModelRegistry
     pairs: Pairs  # each student's teacher (service.cascade)
+    passages: PassageCache  # passage embeddings for retrieve-then-read QA (service.tasks.retrieval)
 
     def resolve(self, task: str, name: str | None, version: int | None, x: Exchange) -> ServedModel:
         """The model that answers (service.registry's rules); the exchange is told which it is."""

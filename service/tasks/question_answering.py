@@ -1,8 +1,12 @@
 """Extractive question answering: question + context -> answer spans, as characters of the context.
 
-The context is split into overlapping windows that batch like texts. `POST /v1/qa`; v2: QUESTION, CONTEXT
-BYTES [b] -> ANSWER BYTES [b], SCORE FP32 [b], START, END INT64 [b] (character offsets: CONTEXT[START:END] ==
-ANSWER); parameters max_answer_length, doc_stride, handle_impossible_answer as in /v1/qa.
+The context is split into overlapping windows that batch like texts. Retrieve, then read: a question with
+`passages` instead of one context is answered from the passages a sentence-embeddings model ranks nearest
+(service.tasks.retrieval), each read as a context; the answer names its passage (/v1 only).
+
+`POST /v1/qa`; v2: QUESTION, CONTEXT BYTES [b] -> ANSWER BYTES [b], SCORE FP32 [b], START, END INT64 [b]
+(character offsets: CONTEXT[START:END] == ANSWER); parameters max_answer_length, doc_stride,
+handle_impossible_answer as in /v1/qa.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from common.spans import null_score, offsets_array, span_probabilities, top_spans
 from service.exchange import Exchange
+from service.tasks import retrieval
 from service.tasks.common import check_chars, passed, run_all, strings, tokenizing, validated
 from service.tasks.contract import (
     CascadeRequest,
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
     from service.served import ServedModel
 
 NAME = "question-answering"
+TOP_K_PASSAGES = 3  # passages read when a request does not say
 
 
 class QAItem(BaseModel):
@@ -45,7 +51,8 @@ class QAItem(BaseModel):
 
 
 class QARequest(CascadeRequest):
-    """One question (`question` + `context`) or several (`inputs`: a list of them)."""
+    """One question (`question` + `context`, or + `passages` to retrieve from) or several (`inputs`: a list
+    of question/context pairs)."""
 
     question: str | None = Field(None, min_length=1, pattern=r"\S", examples=["Who founded Acme?"])
     context: str | None = Field(
@@ -56,9 +63,43 @@ class QARequest(CascadeRequest):
     max_answer_length: int = Field(30, ge=1, le=512, description="Longest answer, in tokens.")
     handle_impossible_answer: bool = Field(False, description="Allow an empty answer when none fits.")
     doc_stride: int | None = Field(None, ge=1, description="Overlap between context windows, in tokens.")
+    passages: list[str] | None = Field(
+        None,
+        description="Texts to answer from instead of one context: the passages nearest the question (by "
+        "cosine of sentence embeddings) are read, and the answer names its passage.",
+        examples=[["Acme was founded by Ada Smith in 1950.", "Springfield is a city."]],
+    )
+    top_k_passages: int | None = Field(
+        None,
+        ge=1,
+        description=f"How many passages, nearest first, the QA model reads; default {TOP_K_PASSAGES}.",
+    )
+    embedding_model: str | None = Field(
+        None, description="The sentence-embeddings model that ranks passages; default: the first served."
+    )
+
+    @field_validator("passages")
+    @classmethod
+    def _passage_texts(cls, passages: list[str] | None) -> list[str] | None:
+        if passages is not None and not passages:
+            raise ValueError("the list of passages is empty")
+        for i, text in enumerate(passages or ()):
+            if not text.strip():
+                raise ValueError(f"passage {i} is an empty text")
+        return passages
 
     @model_validator(mode="after")
     def _one_form(self) -> QARequest:
+        if self.passages is not None:
+            if self.inputs is not None:
+                raise ValueError("give question + passages, or inputs, not both")
+            if self.context is not None:
+                raise ValueError("give a context or passages, not both")
+            if self.question is None:
+                raise ValueError("passages need a question")
+            return self
+        if self.top_k_passages is not None or self.embedding_model is not None:
+            raise ValueError("top_k_passages and embedding_model go with passages")
         single = self.question is not None or self.context is not None
         if single and self.inputs is not None:
             raise ValueError("give either question + context, or inputs, not both")
@@ -81,6 +122,13 @@ class Answer(TypedDict):
     start: Annotated[int, Field(description="Character offset of the answer in the context.")]
     end: Annotated[int, Field(description="context[start:end] == answer.")]
     model: Annotated[str, Field(description="The model that answered (a student, or its teacher).")]
+
+
+class PassageAnswer(Answer):
+    passage: Annotated[
+        int,
+        Field(description="The passage (its index in `passages`) holding it: passages[passage][start:end]."),
+    ]
 
 
 def no_answer(model: str) -> Answer:
@@ -223,13 +271,61 @@ async def cascaded(
     return await c.pairs.answer(model, pairs, answer, threshold, x)
 
 
+def best_over_passages(
+    read: Sequence[int], results: Sequence[list[Answer]], top_k: int
+) -> list[PassageAnswer]:
+    """The best answers over the passages read (`read`: their indices), best first. An empty answer
+    (handle_impossible_answer) ranks only when it is every passage's best: one passage without the answer
+    says nothing of the others."""
+    rows = [
+        PassageAnswer(
+            answer=a["answer"], score=a["score"], start=a["start"], end=a["end"], model=a["model"], passage=i
+        )
+        for i, answers in zip(read, results, strict=True)
+        for a in answers
+    ]
+    if all(not answers or not answers[0]["answer"] for answers in results):
+        rows.sort(key=lambda r: (r["answer"] != "", -r["score"]))  # stable: ties keep the passages' rank
+    else:
+        rows = sorted((r for r in rows if r["answer"]), key=lambda r: -r["score"])
+    return rows[:top_k]
+
+
+async def retrieve_then_read(
+    model: ServedModel, body: QARequest, rules: SpanRules, c: Collaborators, x: Exchange
+) -> PassageAnswer | list[PassageAnswer]:
+    """Rank the passages by the embedding model, read the nearest with the QA model (and its teacher, for
+    those it is unsure of), answer with the best spans and their passages."""
+    assert body.question is not None and body.passages is not None  # QARequest._one_form
+    question, passages = body.question, body.passages
+    if len(passages) > c.settings.max_client_batch:
+        raise InvalidInputError(
+            f"passages: {len(passages)} texts, at most {c.settings.max_client_batch} per request",
+            param="passages",
+        )
+    check_chars([question], x, "question")
+    check_chars(passages, x, "passage")
+    embedder = retrieval.embedding_model(body.embedding_model, c)
+    k = min(body.top_k_passages or TOP_K_PASSAGES, len(passages))
+    read = await retrieval.retrieve(embedder, question, passages, k, c, x)
+    x.items = len(read)  # the QA model's inferences: the pairs it reads
+    pairs = [(question, passages[i]) for i in read]
+    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, c.settings.request_timeout_s, x)
+    ranked = best_over_passages(read, results, rules.top_k) or [
+        PassageAnswer(answer="", score=0.0, start=0, end=0, model=model.name, passage=read[0])
+    ]
+    return ranked[0] if rules.top_k == 1 else ranked
+
+
 async def handle(
     body: QARequest, x: Exchange, c: Collaborators
-) -> Answer | list[Answer] | list[list[Answer]]:
+) -> Answer | list[Answer] | list[list[Answer]] | PassageAnswer | list[PassageAnswer]:
     model = c.resolve(NAME, body.model, body.version, x)
+    rules = SpanRules(body.top_k, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
+    if body.passages is not None:
+        return await retrieve_then_read(model, body, rules, c, x)
     pairs = body.pairs()
     c.check_batch(len(pairs), x)
-    rules = SpanRules(body.top_k, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
     results = await cascaded(model, pairs, rules, body.cascade_threshold, c, c.settings.request_timeout_s, x)
     if body.top_k == 1:
         flat = [r[0] if r else no_answer(model.name) for r in results]
@@ -260,8 +356,9 @@ TASK = ServedTask(
         Endpoint(
             "/v1/qa",
             QARequest,
-            Answer | list[Answer] | list[list[Answer]],
-            "Extract answers: one pair -> an answer (a list with top_k > 1); `inputs` -> one per pair.",
+            Answer | list[Answer] | list[list[Answer]] | PassageAnswer | list[PassageAnswer],
+            "Extract answers: one pair -> an answer (a list with top_k > 1); `inputs` -> one per pair; "
+            "`passages` -> the best answer of the passages nearest the question, and its passage.",
             handle,
         ),
     ),

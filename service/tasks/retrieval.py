@@ -1,0 +1,120 @@
+"""Retrieval for retrieve-then-read QA: embed a question and its passages, rank the passages by cosine.
+
+Clients send the same passages again and again (their documents, a question at a time), so each passage's
+embedding is kept in a bounded least-recently-used cache keyed by the sha256 of the model's name, its
+version and the text: a repeated passage costs a hash and a lookup, not an engine call. The cache lives in
+each frontend process (`DISTILSERVE_PASSAGE_CACHE` entries, 0: none); hits and misses are counted per
+embedding model. The question itself is never cached (it changes with every request) and is embedded in
+the same engine request as the passages that missed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from service.exchange import Exchange
+from service.tasks.contract import Collaborators, InvalidInputError
+from service.tasks.embeddings import NAME as EMBEDDINGS
+from service.tasks.embeddings import embed, embedding_spec, stacked
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+    from service.served import ServedModel
+
+
+class PassageCache:
+    """Passage embeddings by content hash, at most `capacity` of them, the least recently used dropped
+    first. Used from one event loop only, so it needs no lock."""
+
+    def __init__(self, capacity: int, metrics: Metrics) -> None:
+        self.capacity = capacity
+        self._metrics = metrics
+        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    @staticmethod
+    def key(model: ServedModel, text: str) -> bytes:
+        """sha256 of the model's name and version and the text: another model (or version) embeds the
+        same text elsewhere. `surrogatepass`: JSON may carry a lone surrogate, which plain UTF-8 refuses."""
+        digest = hashlib.sha256(f"{model.name}\0{model.manifest.version}\0".encode())
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        return digest.digest()
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        vector = self._vectors.get(key)
+        if vector is not None:
+            self._vectors.move_to_end(key)
+        return vector
+
+    def put(self, key: bytes, vector: np.ndarray) -> None:
+        if self.capacity == 0:
+            return
+        self._vectors[key] = vector
+        self._vectors.move_to_end(key)
+        while len(self._vectors) > self.capacity:
+            self._vectors.popitem(last=False)
+
+    def count(self, model: ServedModel, hits: int, misses: int) -> None:
+        self._metrics.passage_cache_hits.labels(model.name).inc(hits)
+        self._metrics.passage_cache_misses.labels(model.name).inc(misses)
+
+
+def embedding_model(name: str | None, c: Collaborators) -> ServedModel:
+    """The model that embeds: the one named, else the first served sentence-embeddings model. It is not
+    the request's model (the reader is), so the exchange is not told of it."""
+    if name is None and not any(m.manifest.task == EMBEDDINGS for m in c.registry.all()):
+        raise InvalidInputError(
+            "passages: ranking them needs a sentence-embeddings model and this server serves none; "
+            "send one context instead",
+            param="passages",
+        )
+    return c.registry.resolve(EMBEDDINGS, name, None)  # an unknown name: 404; another task's: 422
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Rows of unit length (zero rows stay zero), so a dot product is a cosine."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+def top_by_cosine(question: np.ndarray, passages: np.ndarray, k: int) -> list[int]:
+    """The indices of the `k` passages most similar to the question, best first (ties: the earlier)."""
+    scores = unit_rows(passages.astype(np.float64)) @ unit_rows(question.astype(np.float64))
+    return [int(i) for i in np.argsort(-scores, kind="stable")[:k]]
+
+
+async def retrieve(
+    model: ServedModel, question: str, passages: Sequence[str], k: int, c: Collaborators, x: Exchange
+) -> list[int]:
+    """The indices of the `k` passages nearest the question under `model`, best first. Passages past the
+    embedding model's window are ranked by their first window (the reader still reads all of them)."""
+    cache = c.passages
+    keys = [cache.key(model, text) for text in passages]
+    vectors: dict[bytes, np.ndarray] = {}
+    missing: dict[bytes, str] = {}  # a text repeated within the request is embedded once
+    hits = 0
+    for key, text in zip(keys, passages, strict=True):
+        found = cache.get(key)
+        if found is not None:
+            vectors[key] = found
+            hits += 1
+        elif key in missing:
+            hits += 1
+        else:
+            missing[key] = text
+    cache.count(model, hits, len(missing))
+    outputs, _ = await embed(
+        model, [question, *missing.values()], True, c.metrics, c.settings.request_timeout_s, x
+    )
+    rows = stacked(outputs, embedding_spec(model).output)
+    for key, row in zip(missing, rows[1:], strict=True):
+        vectors[key] = row
+        cache.put(key, row)
+    return top_by_cosine(rows[0], np.stack([vectors[key] for key in keys]), k)
