@@ -12,6 +12,9 @@ much as its own): one is refused at once while a batch's worth of client work wa
 lengthens it), run only while no client item is queued or running anywhere in the group, at most
 SHADOW_BATCH at a time (what a client arriving meanwhile may wait behind); and a shadow is the first to go
 when the queue is full: a client item takes its place instead of getting a 429.
+
+An optional `BatchPlanner` (service.latency_target) picks each batch's caps and wait from what the engine's
+batches cost, instead of the policy's fixed ones.
 """
 
 from __future__ import annotations
@@ -82,6 +85,15 @@ class BatchPolicy:
 
 
 @dataclass(frozen=True)
+class BatchCaps:
+    """The caps of one batch: the policy's fixed ones, or a planner's for the queue as it is now."""
+
+    max_size: int
+    max_tokens: int
+    max_wait_s: float
+
+
+@dataclass(frozen=True)
 class BatchStats:
     """What one engine call looked like, for metrics."""
 
@@ -100,6 +112,15 @@ class ItemTiming:
     queue_s: float | None = None
     run_s: float | None = None
     batch: int | None = None  # which engine call (unique per process): a request's items may share one
+
+
+class BatchPlanner(Protocol):
+    """Picks the next batch's caps (on an engine thread, under the batcher's lock: keep it cheap) and
+    learns from each batch run (on the event loop)."""
+
+    def caps(self, policy: BatchPolicy, oldest_age_s: float, oldest_cost: int) -> BatchCaps: ...
+
+    def observe(self, stats: BatchStats) -> None: ...
 
 
 class Outcome(Protocol[R_contra]):
@@ -210,6 +231,7 @@ class MicroBatcher(Generic[T, R]):
         on_batch: Callable[[BatchStats], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
         clients: ClientWork | None = None,
+        planner: BatchPlanner | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -220,6 +242,7 @@ class MicroBatcher(Generic[T, R]):
         self.concurrency = concurrency
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
+        self._planner = planner
         self._queue: list[_Pending[T, R]] = []  # changed under the lock only: the loop and the engine threads
         self._work = threading.Condition(threading.Lock())
         self._seq = itertools.count()
@@ -424,36 +447,46 @@ class MicroBatcher(Generic[T, R]):
                     self._work.wait(SHADOW_POLL_S)  # only shadows here, clients busy elsewhere: yield
                     continue
                 if self._queue:
-                    if under_load and self.policy.max_wait_s > 0:
-                        self._wait_for_fuller_batch()
+                    caps = self._caps()
+                    if under_load and caps.max_wait_s > 0:
+                        self._wait_for_fuller_batch(caps)
                         self._drop_stale()
                         if not self._queue:
                             continue
-                    return self._take_batch()
+                        caps = self._caps()  # the oldest has waited meanwhile
+                    return self._take_batch(caps)
                 if self._closing:
                     return None
                 self._work.wait()
 
-    def _wait_for_fuller_batch(self) -> None:
+    def _caps(self) -> BatchCaps:
+        """The next batch's caps: the policy's, or the planner's for the batch the oldest item leads (the
+        oldest client item, as a batch of shadows runs only when no client waits; the lock is held)."""
+        policy = self.policy
+        if self._planner is None:
+            return BatchCaps(policy.max_batch_size, policy.max_batch_tokens, policy.max_wait_s)
+        oldest = next((p for p in self._queue if not p.shadow), self._queue[0])
+        return self._planner.caps(policy, time.monotonic() - oldest.enqueued_at, oldest.cost)
+
+    def _wait_for_fuller_batch(self, caps: BatchCaps) -> None:
         """Under load only: give the queue up to max_wait to fill a batch (the lock is held)."""
-        deadline = time.monotonic() + self.policy.max_wait_s
-        while len(self._queue) < self.policy.max_batch_size and not self._closing:
+        deadline = time.monotonic() + caps.max_wait_s
+        while len(self._queue) < caps.max_size and not self._closing:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._work.wait(remaining):
                 return
 
-    def _take_batch(self) -> list[_Pending[T, R]]:
+    def _take_batch(self, caps: BatchCaps) -> list[_Pending[T, R]]:
         items = self._queue
         client = [i for i, p in enumerate(items) if not p.shadow]
         pool = client if client else list(range(len(items)))  # shadows alone only when no client waits
-        policy = self.policy
         indices = [
             pool[j]
             for j in select_batch(
                 [items[i].cost for i in pool],
-                policy.max_batch_size if client else min(policy.max_batch_size, SHADOW_BATCH),
-                policy.max_batch_tokens,
-                policy.min_padding_efficiency,
+                caps.max_size if client else min(caps.max_size, SHADOW_BATCH),
+                caps.max_tokens,
+                self.policy.min_padding_efficiency,
             )
         ]
         chosen = [items[i] for i in indices]
@@ -505,18 +538,20 @@ class MicroBatcher(Generic[T, R]):
                 p.future.set_exception(failure)
             else:
                 p.future.set_result(results[i])
-        if self._on_batch is not None:
+        if self._on_batch is not None or self._planner is not None:
             costs = [p.cost for p in batch]
-            self._on_batch(
-                BatchStats(
-                    size=len(batch),
-                    real_tokens=sum(costs),
-                    padded_tokens=max(costs) * len(batch),
-                    queue_wait_s=[started - p.enqueued_at for p in batch],
-                    run_s=run_s,
-                    failed=failure is not None,
-                )
+            stats = BatchStats(
+                size=len(batch),
+                real_tokens=sum(costs),
+                padded_tokens=max(costs) * len(batch),
+                queue_wait_s=[started - p.enqueued_at for p in batch],
+                run_s=run_s,
+                failed=failure is not None,
             )
+            if self._planner is not None:
+                self._planner.observe(stats)
+            if self._on_batch is not None:
+                self._on_batch(stats)
 
     @staticmethod
     def _fail_late(pending: _Pending[T, R]) -> None:
