@@ -187,6 +187,25 @@ class Metrics:
         self.generated_tokens = Counter(
             "distilserve_generated_tokens", "Tokens generated.", ["model"], registry=r
         )
+        # speculative decoding: acceptance = accepted / drafted; tokens a teacher step = 1 + accepted / checks
+        self.draft_tokens = Counter(
+            "distilserve_draft_tokens",
+            "Tokens a teacher's draft (its student) proposed.",
+            ["model"],
+            registry=r,
+        )
+        self.draft_tokens_accepted = Counter(
+            "distilserve_draft_tokens_accepted",
+            "Draft tokens the teacher kept (speculative decoding).",
+            ["model"],
+            registry=r,
+        )
+        self.speculative_checks = Counter(
+            "distilserve_speculative_checks",
+            "Sequence steps the teacher verified drafts in (each emits 1 + its accepted drafts).",
+            ["model"],
+            registry=r,
+        )
         # the cascade (service.cascade): fallback rate = fallbacks / inputs; teacher load = fallbacks
         self.cascade_inputs = Counter(
             "distilserve_cascade_inputs",
@@ -217,6 +236,19 @@ class Metrics:
             "distilserve_shadow_dropped",
             "Sampled student answers left unchecked: the teacher was busy with client work, or too late.",
             ["model", "teacher"],
+            registry=r,
+        )
+        # retrieve-then-read QA (service.tasks.retrieval): hit rate = hits / (hits + misses)
+        self.passage_cache_hits = Counter(
+            "distilserve_passage_cache_hits",
+            "Passages whose embedding came from the passage cache (or repeated one of the same request).",
+            ["model"],
+            registry=r,
+        )
+        self.passage_cache_misses = Counter(
+            "distilserve_passage_cache_misses",
+            "Passages the embedding model had to embed for retrieve-then-read QA.",
+            ["model"],
             registry=r,
         )
         self.distillation_agreement = Gauge(
@@ -286,8 +318,15 @@ class Metrics:
         waiting_now.set(0)
         last = [0, 0]
 
+        drafted, accepted = self.draft_tokens.labels(model), self.draft_tokens_accepted.labels(model)
+        checks = self.speculative_checks.labels(model)
+
         def on_step(plan: StepPlan, result: StepResult) -> None:
-            tokens.inc(len(result.tokens))
+            tokens.inc(len(result.tokens) + sum(len(more) for more in result.more.values()))
+            if result.checked:  # speculative decoding: tokens per teacher step = 1 + accepted / checks
+                drafted.inc(result.drafted)
+                accepted.inc(result.accepted)
+                checks.inc(result.checked)
             if plan.prefill:
                 prefill_s.observe(result.prefill_s)
             if plan.decode:

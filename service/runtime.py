@@ -16,8 +16,10 @@ from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_t
 from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
+from service.generation.speculative import SpeculativeRunner, pays_off
 from service.generation.tuning import decode_step_s, fastest_threads
 from service.ipc import Executions, Placement
+from service.latency_target import planner_for
 from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion, RepositoryError, scan_repository
@@ -322,6 +324,7 @@ def load_engine_model(
             on_batch=counting_batches(metrics.for_model(name).observe_batch, model.stats),
             on_queue_depth=metrics.for_model(name).queue_depth.set,
             clients=clients,
+            planner=planner_for(settings.latency_target_ms),  # one per model: costs differ
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
     log.info(
@@ -406,4 +409,36 @@ def load_engine_models(
             problems.append(f"{version.directory}: {e}")
     if not models:
         raise StartupError(f"no model in {settings.model_repository} could be loaded")
+    attach_drafts(models, settings)
     return models, problems
+
+
+def attach_drafts(models: list[EngineModel], settings: Settings) -> None:
+    """Speculative decoding: each generation teacher served with a student of the same tokenizer gets
+    the student as its draft (service.generation.speculative), where settings and step costs say so."""
+    by_key = {(m.name, m.manifest.version): m for m in models}
+    for student in models:
+        ref = student.manifest.teacher
+        teacher = by_key.get((ref.name, ref.version)) if ref is not None else None
+        if teacher is None or teacher.generation is None or student.generation is None:
+            continue
+        if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
+            log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
+            continue
+        if isinstance(teacher.generation.runner, SpeculativeRunner) or settings.speculative == "off":
+            continue
+        draft = DecoderRunner(student.engine, student.manifest.generation)  # type: ignore[arg-type]
+        if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
+            continue
+        teacher.generation.runner = SpeculativeRunner(
+            teacher.generation.runner,
+            draft,
+            settings.speculative_tokens,
+            teacher.manifest.max_sequence_length,
+        )
+        log.info(
+            "speculative decoding: %s drafts for %s, k=%d",
+            student.name,
+            teacher.name,
+            settings.speculative_tokens,
+        )

@@ -80,6 +80,13 @@ class Settings(BaseSettings):
         "Unset: 0.95 on CPU (compute-bound: a padded token costs what a real one does), 0.85 on a GPU.",
     )
     max_queue: int = Field(1024, ge=1, description="Queued sequences per model before answering 429.")
+    latency_target_ms: float | None = Field(
+        None,
+        gt=0,
+        description="A p99 latency target for encoder models' engine work (queue + run): each batch's cap "
+        "and wait are picked from the engine's measured cost to hold it at the best throughput, "
+        "max_batch_size and max_batch_tokens staying ceilings and max_wait_ms unused. Unset: fixed settings.",
+    )
     cascade: Literal["on", "off"] = Field(
         "on",
         description="A student exported as a pair with its teacher hands inputs whose confidence is below "
@@ -93,12 +100,29 @@ class Settings(BaseSettings):
         description="One threshold for every pair instead of each pair's calibrated one (0: the student "
         "answers everything).",
     )
+    speculative: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Speculative decoding for a generation teacher served with its student (the student's "
+        "manifest names it, same tokenizer): the student drafts, the teacher checks the drafts in one pass; "
+        "greedy text is the teacher's own. auto: on when a student's decode step, timed at start-up, is at "
+        "most a third of the teacher's.",
+    )
+    speculative_tokens: int = Field(
+        4, ge=1, le=16, description="Tokens the draft proposes per teacher step (k)."
+    )
     shadow_rate: float = Field(
         0.0,
         ge=0.0,
         le=1.0,
         description="Share of a student's own answers its teacher checks too, after the client is answered, "
         "at the engine's lowest priority (shed first under load): live agreement as a metric. 0: none.",
+    )
+    passage_cache: int = Field(
+        4096,
+        ge=0,
+        description="Passage embeddings each frontend keeps for retrieve-then-read QA (/v1/qa with "
+        "passages), keyed by the text's sha256 and the embedding model's name and version; the least "
+        "recently used go first. 0: none kept.",
     )
     request_timeout_s: float = Field(30.0, gt=0, description="Deadline of a request; past it: 504.")
     gen_max_batch: int = Field(16, ge=1, description="Sequences decoded together by the generation engine.")

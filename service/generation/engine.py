@@ -27,6 +27,7 @@ from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
 from service.generation.sequence import Detokenizer, FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
+from service.generation.speculative import SpeculativeRunner
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class GenerationCore:
 
     def __init__(
         self,
-        runner: DecoderRunner,
+        runner: DecoderRunner | SpeculativeRunner,
         scheduler: Scheduler,
         stop_token_ids: int | Iterable[int] | None,
         executor: Executor,
@@ -134,7 +135,11 @@ class GenerationCore:
                 continue
             try:
                 result = self.runner.execute(plan)
-                produced = [self._record(s, result.tokens[s.id]) for s in [*plan.prefill, *plan.decode]]
+                produced = [
+                    self._record(s, token)
+                    for s in [*plan.prefill, *plan.decode]
+                    for token in (result.tokens[s.id], *result.more.get(s.id, ()))
+                ]
             except Exception as e:  # a failing step fails the sequences in it, never the engine thread
                 failed = [*plan.prefill, *plan.decode]
                 for seq in failed:
@@ -352,7 +357,7 @@ class GenerationEngine(TokenStreams):
         core.bind(self.deliver, self.fail)
 
     @property
-    def runner(self) -> DecoderRunner:
+    def runner(self) -> DecoderRunner | SpeculativeRunner:
         return self.core.runner
 
     @property

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,10 @@ class StepResult:
     tokens: dict[int, int]  # sequence id -> next token
     prefill_s: float
     decode_s: float
+    more: dict[int, list[int]] = field(default_factory=dict)  # tokens after it (speculative decoding)
+    drafted: int = 0  # speculative decoding: draft tokens proposed this step
+    accepted: int = 0  # of them, kept by the teacher
+    checked: int = 0  # sequences the teacher's pass checked (one teacher step each)
 
 
 class SlotCache:
@@ -107,6 +111,28 @@ class SlotCache:
         self.longest += 1
         self._fit(rows=n)
 
+    def extend(self, new: list[LayerCache]) -> None:
+        """Every column of `new` (several positions fed at once) after each live row's last."""
+        n, width = len(self.ids), new[0][0].shape[2]
+        self.longest = int(self.lengths[:n].max(initial=0)) + width
+        self._fit(rows=n)
+        rows = np.arange(n)
+        for j in range(width):
+            columns = self.lengths[:n] + j
+            for layer, new_layer in zip(self.past, new, strict=True):
+                for tensor, new_tensor in zip(layer, new_layer, strict=True):
+                    tensor[rows, :, columns] = new_tensor[:, :, j]
+            self.mask[rows, columns] = 1
+        self.lengths[:n] += width
+
+    def truncate(self, lengths: np.ndarray) -> None:
+        """Each live row cut back to `lengths` positions (speculative positions the teacher refused)."""
+        n = len(self.ids)
+        for row, length in enumerate(lengths.tolist()):
+            self.mask[row, length:-1] = 0
+        self.lengths[:n] = lengths
+        self.longest = int(lengths.max(initial=0))
+
     def _fit(self, rows: int) -> None:
         """Room for `rows` rows and one more column than the longest; shrink only past 2 x ROOM spare."""
         have_rows, columns, longest = self.past[0][0].shape[0], self.columns, self.longest
@@ -161,9 +187,7 @@ class DecoderRunner:
             tokens |= self._decode(plan.decode)
         else:
             self._cache = None  # nothing runs on: its cache is nobody's
-        # A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will.
-        fresh = {s.id for s in plan.prefill}
-        self._prefilled = {i: c for i, c in self._prefilled.items() if i in fresh}
+        self.keep_prefilled({s.id for s in plan.prefill})
         return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled)
 
     def _run(
@@ -185,7 +209,26 @@ class DecoderRunner:
     def _presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
-    def _prefill(self, seqs: Seq[Sequence]) -> dict[int, int]:
+    def prefill(self, seqs: Seq[Sequence], choose: bool = True) -> dict[int, int]:
+        """The prompts' caches, kept until the sequences join the decode batch, and (`choose`) each one's
+        first token; a draft model prefills without choosing (its choice would spend the sequence's RNG)."""
+        return self._prefill(seqs, choose)
+
+    def keep_prefilled(self, fresh: set[int]) -> None:
+        """A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will:
+        its prefilled cache goes."""
+        self._prefilled = {i: c for i, c in self._prefilled.items() if i in fresh}
+
+    def run_step(
+        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+    ) -> dict[str, Any]:
+        """One engine call on host arrays: several new positions per row are allowed (after a past)."""
+        return self._run(input_ids, mask, positions, past)
+
+    def presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return self._presents(outputs)
+
+    def _prefill(self, seqs: Seq[Sequence], choose: bool = True) -> dict[int, int]:
         """All new prompts in one call: right-padded, with an empty past."""
         layout = self.layout
         width = max(len(s.prompt) for s in seqs)
@@ -202,25 +245,14 @@ class DecoderRunner:
         for row, s in enumerate(seqs):
             n = len(s.prompt)
             self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in presents]
-            tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
+            if choose:
+                tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
         return tokens
 
     def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
         cache = self._cache or self._new_cache()
-        if [s.id for s in seqs] == cache.ids:  # the same rows as last step (most steps)
-            rows = list(seqs)
-        else:
-            by_id = {s.id: s for s in seqs}
-            for seq_id in [i for i in cache.ids if i not in by_id]:
-                cache.leave(seq_id)
-            running = set(cache.ids)
-            for s in seqs:
-                if s.id in self._prefilled:
-                    cache.join(s.id, self._prefilled.pop(s.id))
-                elif s.id not in running:
-                    raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
-            rows = [by_id[i] for i in cache.ids]
+        rows = sync_rows(cache, seqs, self)
         self._cache = cache
         past, mask, positions = cache.feeds()
         ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
@@ -233,6 +265,23 @@ class DecoderRunner:
         if self.row_gather is not None:
             return DeviceCache(layout.num_key_value_heads, layout.head_dim, self.row_gather)
         return SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
+
+
+def sync_rows(cache: SlotCache | DeviceCache, seqs: Seq[Sequence], runner: DecoderRunner) -> list[Sequence]:
+    """The cache's rows made the running sequences': finished ones leave, prefilled ones join (from
+    `runner`'s prefill); the sequences in row order."""
+    if [s.id for s in seqs] == cache.ids:  # the same rows as last step (most steps)
+        return list(seqs)
+    by_id = {s.id: s for s in seqs}
+    for seq_id in [i for i in cache.ids if i not in by_id]:
+        cache.leave(seq_id)
+    running = set(cache.ids)
+    for s in seqs:
+        if s.id in runner._prefilled:
+            cache.join(s.id, runner._prefilled.pop(s.id))
+        elif s.id not in running:
+            raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
+    return [by_id[i] for i in cache.ids]
 
 
 def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:

@@ -1,0 +1,148 @@
+"""Speculative decoding on a served teacher/student pair: tokens/s with and without the student drafting,
+at 1 and 16 streams, the acceptance rate, and whether greedy outputs stay the teacher's own.
+
+    python -m benchmarks.speculative --repository build/bench-spec/models --teacher lm-teacher \\
+        --k 2,4 --out docs/bench
+
+Servers take turns on the same machine (`--rounds` alternating rounds): the teacher with
+DISTILSERVE_SPECULATIVE=off, then =on for each k. Each streams `--new-tokens` tokens a request (ignore_eos:
+fixed lengths) from `--streams` clients back to back for `--seconds`. Greedy identity: `--prompts` prompts
+through /v1/generate on both, texts compared. Acceptance and tokens per teacher step come from the server's
+own counters (distilserve_draft_tokens*, distilserve_speculative_checks_total).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from benchmarks.servers import serve
+from benchmarks.streams import generation_load
+from benchmarks.wrk_load import metric_totals
+from common.cli import cli_app
+from common.progress import ProgressLog
+from loadtests.texts import reviews
+
+console = Console(stderr=True)
+app = cli_app(help=__doc__)
+
+
+def greedy_texts(base: str, model: str, prompts: list[str], new_tokens: int) -> list[str]:
+    with httpx.Client(base_url=base, timeout=300) as client:
+        texts = []
+        for prompt in prompts:
+            body = {"model": model, "prompt": prompt, "max_new_tokens": new_tokens}
+            r = client.post("/v1/generate", json=body)
+            r.raise_for_status()
+            texts.append(r.json()["generated_text"])
+        return texts
+
+
+def measure(
+    repository: Path,
+    teacher: str,
+    env: dict[str, str],
+    streams: list[int],
+    seconds: float,
+    new_tokens: int,
+    prompts: list[str],
+) -> dict[str, Any]:
+    """One server: greedy texts, then each stream count's load, then its draft counters."""
+    with serve(repository, env) as base:
+        texts = greedy_texts(base, teacher, prompts, new_tokens)
+        loads = {n: generation_load(base, teacher, n, seconds, new_tokens) for n in streams}
+        totals = metric_totals(base)
+    drafted = totals.get("distilserve_draft_tokens_total", 0.0)
+    accepted = totals.get("distilserve_draft_tokens_accepted_total", 0.0)
+    checks = totals.get("distilserve_speculative_checks_total", 0.0)
+    return {
+        "texts": texts,
+        "loads": loads,
+        "acceptance": accepted / drafted if drafted else None,
+        "tokens_per_check": 1 + accepted / checks if checks else None,
+    }
+
+
+@app.command()
+def main(
+    repository: Annotated[Path, typer.Option(help="Model repository holding the teacher and its student.")],
+    teacher: Annotated[str, typer.Option(help="The teacher's name (a student's manifest names it).")],
+    k: Annotated[str, typer.Option(help="Comma list of draft lengths to measure.")] = "2,4",
+    streams: Annotated[str, typer.Option(help="Comma list of concurrent streams.")] = "1,16",
+    seconds: Annotated[float, typer.Option(help="Seconds of load per stream count.")] = 15.0,
+    new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 64,
+    rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds of every setting.")] = 2,
+    prompts: Annotated[int, typer.Option(min=1, help="Greedy prompts compared.")] = 16,
+    out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
+) -> None:
+    """Tokens/s of a teacher served alone and drafted by its student, side by side."""
+    ks = [int(x) for x in k.split(",") if x.strip()]
+    counts = [int(x) for x in streams.split(",") if x.strip()]
+    texts_in = reviews(prompts, seed=11, max_clauses=2)
+    settings = {"off": {"DISTILSERVE_SPECULATIVE": "off"}} | {
+        f"k={n}": {"DISTILSERVE_SPECULATIVE": "on", "DISTILSERVE_SPECULATIVE_TOKENS": str(n)} for n in ks
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
+    with ProgressLog.beside(console, "speculative", rounds * len(settings), unit="servers") as progress:
+        for _ in range(rounds):
+            for name, env in settings.items():
+                progress.update(status=name)
+                runs[name].append(measure(repository, teacher, env, counts, seconds, new_tokens, texts_in))
+                progress.update(advance=1)
+    text = report(teacher, runs, counts, rounds, seconds, new_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"speculative-{teacher}.md").write_text(text, encoding="utf-8")
+    (out / f"speculative-{teacher}.json").write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
+    print(text)
+
+
+def report(
+    teacher: str,
+    runs: dict[str, list[dict[str, Any]]],
+    counts: list[int],
+    rounds: int,
+    seconds: float,
+    new_tokens: int,
+) -> str:
+    def median(name: str, n: int, key: str) -> float:
+        return statistics.median(r["loads"][n][key] for r in runs[name])
+
+    reference = runs["off"][0]["texts"]
+    lines = [
+        f"# Speculative decoding: {teacher} drafted by its student",
+        "",
+        f"{rounds} alternating rounds, {seconds:g} s of load per stream count, {new_tokens} tokens a "
+        "request; medians.",
+        "",
+        "| setting | "
+        + " | ".join(f"{n} stream{'s' * (n > 1)} tokens/s (x off)" for n in counts)
+        + " | TTFT p50 ms (1 stream) | acceptance | tokens per teacher step | greedy texts = teacher's |",
+        "|---|" + "---|" * (len(counts) + 4),
+    ]
+    for name, results in runs.items():
+        cells = []
+        for n in counts:
+            rate = median(name, n, "tokens_per_s")
+            cells.append(f"{rate:,.0f} ({rate / median('off', n, 'tokens_per_s'):.2f}x)")
+        acceptance = [r["acceptance"] for r in results if r["acceptance"] is not None]
+        per_check = [r["tokens_per_check"] for r in results if r["tokens_per_check"] is not None]
+        same = all(r["texts"] == reference for r in results)
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | {median(name, counts[0], 'ttft_p50_ms'):.1f}"
+            + f" | {'-' if not acceptance else f'{statistics.median(acceptance):.2f}'}"
+            + f" | {'-' if not per_check else f'{statistics.median(per_check):.2f}'}"
+            + f" | {'yes' if same else 'NO'} ({len(reference)} prompts) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,206 @@
+"""Speculative decoding: a teacher's generation drafted by its own distilled student.
+
+Each decode step of the running batch, the student (the draft) proposes k tokens per sequence, one cheap
+step at a time, and the teacher checks all k in one forward pass over them with its KV cache (the appending
+graph takes several new positions after a past, causally). The longest prefix the teacher agrees with is
+kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens for one teacher pass.
+
+- Greedy: a draft token is kept while it is the teacher's argmax after the tokens before it, so the text is
+  the teacher's greedy text exactly.
+- Sampling: the accept/reject rule of Leviathan et al. (2023) and Chen et al. (2023): draft token x, drawn
+  from the draft's distribution q, is kept with probability min(1, p(x) / q(x)) under the teacher's p; at
+  the first rejection the token is drawn from the residual max(0, p - q) (normalised) instead; with all k
+  kept, one more is drawn from p. Each emitted token is then distributed exactly as the teacher's sampler
+  would have drawn it (p and q are the full processed distributions: penalty, temperature, top-k, top-p).
+
+Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
+kept positions (the rejected ones are cut off: `SlotCache.truncate`) and the draft's too: it fed the last
+token and all k drafts, so its cache is never behind and the next step starts from the teacher's token.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from service.engine import Engine
+from service.generation.runner import DecoderRunner, SlotCache, StepResult, sync_rows
+from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
+from service.generation.scheduler import StepPlan
+from service.generation.sequence import Sequence
+from service.manifest import GenerationLayout, Manifest
+
+log = logging.getLogger(__name__)
+
+DRAFT_COST_LIMIT = 1 / 3  # auto: a draft step must cost at most this share of a teacher step
+
+
+def distribution(logits: np.ndarray, params: SamplingParams, seen: Seq[int]) -> np.ndarray:
+    """The next token's probabilities as `sampling.next_token` draws it (float64, zero outside top-k /
+    top-p); greedy: all mass on the argmax."""
+    scores = apply_repetition_penalty(logits.astype(np.float32), seen, params.repetition_penalty)
+    out = np.zeros(scores.shape[-1], dtype=np.float64)
+    if params.greedy:
+        out[int(np.argmax(scores))] = 1.0
+        return out
+    weights = np.exp(scaled(scores, params.temperature).astype(np.float64))
+    order = np.argsort(-weights, kind="stable")
+    vocab = len(order)
+    keep = params.top_k if 0 < params.top_k < vocab else vocab
+    kept = order[:keep]
+    if params.top_p < 1.0:
+        mass = np.cumsum(weights[kept]) / weights[kept].sum()
+        kept = kept[: int(np.searchsorted(mass - weights[kept] / weights[kept].sum(), params.top_p))]
+        kept = kept if len(kept) else order[:1]
+    out[kept] = weights[kept]
+    return out / out.sum()
+
+
+def draw(probabilities: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probabilities)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def accept(
+    drafts: Seq[int], q: Seq[np.ndarray], p: Seq[np.ndarray], rng: np.random.Generator | None
+) -> list[int]:
+    """The tokens a step emits: the kept drafts, then one of the teacher's (len(p) == len(drafts) + 1).
+
+    Greedy (no rng): drafts are kept while each is the teacher's argmax; the teacher's argmax follows.
+    Sampled: the Leviathan/Chen rule (see the module's docstring)."""
+    out: list[int] = []
+    for j, token in enumerate(drafts):
+        if rng is None:
+            best = int(np.argmax(p[j]))
+            if token != best:
+                return [*out, best]
+        else:
+            ratio = p[j][token] / q[j][token] if q[j][token] > 0 else 0.0
+            if rng.random() >= min(1.0, ratio):
+                residual = np.maximum(p[j] - q[j], 0.0)
+                total = residual.sum()
+                return [*out, draw(residual / total if total > 0 else p[j], rng)]
+        out.append(token)
+    last = p[len(drafts)]
+    return [*out, int(np.argmax(last)) if rng is None else draw(last, rng)]
+
+
+class SpeculativeRunner:
+    """The teacher's runner with a draft: prefill runs both; decode drafts k tokens and checks them."""
+
+    def __init__(self, teacher: DecoderRunner, draft: DecoderRunner, k: int, window: int) -> None:
+        self.teacher, self.draft, self.k, self.window = teacher, draft, k, window
+        layout = teacher.layout
+        self._caches: tuple[SlotCache, SlotCache] | None = None
+        self._shapes = (
+            (layout.num_layers, layout.num_key_value_heads, layout.head_dim),
+            (draft.layout.num_layers, draft.layout.num_key_value_heads, draft.layout.head_dim),
+        )
+
+    @property
+    def layout(self) -> GenerationLayout:
+        """The teacher's: what the engine reads of a runner."""
+        return self.teacher.layout
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        tokens: dict[int, int] = {}
+        more: dict[int, list[int]] = {}
+        drafted = accepted = 0
+        if plan.prefill:
+            tokens |= self.teacher.prefill(plan.prefill)
+            self.draft.prefill(plan.prefill, choose=False)
+        prefilled = time.perf_counter()
+        if plan.decode:
+            emitted_by, k = self._step(plan.decode)
+            for seq_id, emitted in emitted_by.items():
+                tokens[seq_id], more[seq_id] = emitted[0], emitted[1:]
+                drafted, accepted = drafted + k, accepted + len(emitted) - 1
+        else:
+            self._caches = None
+        fresh = {s.id for s in plan.prefill}
+        self.teacher.keep_prefilled(fresh)
+        self.draft.keep_prefilled(fresh)
+        decode_s = time.perf_counter() - prefilled
+        checked = len(plan.decode)
+        return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked)
+
+    def _step(self, seqs: Seq[Sequence]) -> tuple[dict[int, list[int]], int]:
+        """Each sequence's emitted tokens, and the number drafted for each."""
+        if self._caches is None:
+            self._caches = (SlotCache(*self._shapes[0]), SlotCache(*self._shapes[1]))
+        teacher_cache, draft_cache = self._caches
+        rows = sync_rows(teacher_cache, seqs, self.teacher)
+        sync_rows(draft_cache, seqs, self.draft)
+        n = len(rows)
+        start = teacher_cache.lengths[:n].copy()  # positions cached: prompt + output minus the last token
+        k = self._draft_length(rows, start)
+        last = np.array([s.output[-1] for s in rows], dtype=np.int64)
+
+        drafts = np.zeros((n, k), dtype=np.int64)
+        q: list[list[np.ndarray]] = [[] for _ in rows]
+        feed = last
+        for j in range(k + 1):  # the last pass only caches the k-th draft
+            past, mask, positions = draft_cache.feeds()
+            out = self.draft.run_step(feed[:, None], mask, positions, past)
+            draft_cache.append(self.draft.presents(out))
+            if j == k:
+                break
+            for row, s in enumerate(rows):
+                seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
+                dist = distribution(out["logits"][row, -1], s.params, seen)
+                q[row].append(dist)
+                drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
+            feed = drafts[:, j]
+
+        past, mask, _ = teacher_cache.feeds()
+        ids = np.concatenate([last[:, None], drafts], axis=1)
+        wide = np.concatenate([mask[:, :-1], np.ones((n, k + 1), dtype=mask.dtype)], axis=1)
+        positions = start[:, None] + np.arange(k + 1)
+        out = self.teacher.run_step(ids, wide, positions, past)
+        teacher_cache.extend(self.teacher.presents(out))
+
+        emitted: dict[int, list[int]] = {}
+        for row, s in enumerate(rows):
+            seen = [*s.prompt, *s.output]
+            p = [
+                distribution(out["logits"][row, j], s.params, [*seen, *drafts[row, :j].tolist()])
+                for j in range(k + 1)
+            ]
+            emitted[s.id] = accept(drafts[row].tolist(), q[row], p, s.rng)
+        kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
+        teacher_cache.truncate(kept_lengths)
+        draft_cache.truncate(kept_lengths)
+        return emitted, k
+
+    def _draft_length(self, rows: Seq[Sequence], start: np.ndarray) -> int:
+        """k, or fewer where a sequence nears the window or its last token: drafts past either are waste
+        (and positions past the window do not exist)."""
+        window_room = self.window - 1 - int(start.max())  # the last position fed is start + k
+        wanted = max(s.params.max_new_tokens - len(s.output) for s in rows) - 1
+        return max(0, min(self.k, window_room, wanted))
+
+
+def pays_off(teacher: Engine, manifest: Manifest, draft: DecoderRunner) -> bool:
+    """Whether drafting is worth it: a draft decode step at most DRAFT_COST_LIMIT of a teacher's, both
+    timed now (batch 1, after a 16-token prompt, the fastest of 8 steps). The times are logged."""
+    from service.generation.tuning import decode_step_s
+
+    layout = manifest.generation
+    assert layout is not None
+    teacher_s = decode_step_s(teacher, layout, rows=1, prompt_tokens=16)
+    draft_s = decode_step_s(draft.engine, draft.layout, rows=1, prompt_tokens=16)
+    ratio = draft_s / teacher_s
+    log.info(
+        "%s: a draft step %.2f ms, a teacher step %.2f ms (ratio %.2f, limit %.2f): speculative decoding %s",
+        manifest.name,
+        1000 * draft_s,
+        1000 * teacher_s,
+        ratio,
+        DRAFT_COST_LIMIT,
+        "on" if ratio <= DRAFT_COST_LIMIT else "off",
+    )
+    return ratio <= DRAFT_COST_LIMIT

@@ -1,0 +1,190 @@
+"""Speculative decoding: the student drafts, the teacher checks; greedy text is the teacher's own, and the
+sampling rule keeps the teacher's distribution."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.engine import Engine
+from service.generation.runner import DecoderRunner
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import StepPlan
+from service.generation.sequence import Sequence
+from service.generation.speculative import SpeculativeRunner, accept, distribution
+from service.manifest import GenerationLayout
+from service.repository import scan_repository
+from service.runtime import ort_engine_factory
+from service.settings import Settings
+from tests.service.test_app import metric_value
+
+Loaded = dict[str, tuple[Engine, GenerationLayout]]
+
+
+@pytest.fixture(scope="module")
+def lm_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`)."""
+    from export.pipeline import PairSpec, export_model
+    from service.manifest import TeacherRef
+    from tests.tiny_models import build_tiny
+
+    root = tmp_path_factory.mktemp("lm-pair")
+    teacher_dir = build_tiny("text-generation", root / "teacher", positions=64, seed=0)
+    student_dir = build_tiny("text-generation", root / "student", positions=64, seed=1)
+    repository = root / "models"
+    assert export_model(teacher_dir, "text-generation", "lm-teacher", repository, ("fp32",)).version_dir
+    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
+    assert export_model(student_dir, "text-generation", "lm", repository, ("fp32",), pair=pair).version_dir
+    return repository
+
+
+@pytest.fixture(scope="module")
+def loaded(lm_pair: Path) -> Loaded:
+    versions = {v.manifest.name: v for v in scan_repository(lm_pair).versions}
+    out: Loaded = {}
+    for name, version in versions.items():
+        assert version.manifest.generation is not None
+        out[name] = (ort_engine_factory(version, "fp32", Settings()), version.manifest.generation)
+    return out
+
+
+def generate(
+    runner: DecoderRunner | SpeculativeRunner, requests: list[tuple[int, list[int], int]]
+) -> list[list[int]]:
+    """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens."""
+    seqs = [Sequence(prompt=p, params=SamplingParams(max_new_tokens=n)) for _, p, n in requests]
+    running: list[Sequence] = []
+    step = 0
+    while any(len(s.output) < s.params.max_new_tokens for s in seqs):
+        joining = [s for s, (arrival, _, _) in zip(seqs, requests, strict=True) if arrival == step]
+        running = [s for s in running if len(s.output) < s.params.max_new_tokens]
+        result = runner.execute(StepPlan(prefill=joining, decode=running))
+        for s in [*joining, *running]:
+            for token in (result.tokens[s.id], *result.more.get(s.id, ())):
+                if len(s.output) < s.params.max_new_tokens:
+                    s.output.append(token)
+        running += joining
+        step += 1
+    return [s.output for s in seqs]
+
+
+REQUESTS = [
+    (0, [5, 9, 13, 2], 20),
+    (0, [7, 7, 7], 5),
+    (1, [100, 20, 30, 40, 50, 60], 30),
+    (3, [3], 12),
+    (4, [42, 17, 8, 99, 150, 1, 2, 3, 4, 5], 50),  # runs into the 64-position window: k shrinks
+    (6, [11, 12], 1),
+]
+
+
+@pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_output_is_the_teachers_own_under_continuous_batching(
+    loaded: Loaded, draft: str, k: int
+) -> None:
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS)
+    speculative = SpeculativeRunner(
+        DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded[draft]), k, 64
+    )
+    assert generate(speculative, REQUESTS) == alone
+
+
+def test_a_perfect_draft_is_always_kept(loaded: Loaded) -> None:
+    runner = SpeculativeRunner(
+        DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm-teacher"]), 4, 64
+    )
+    seq = Sequence(prompt=[5, 9, 13], params=SamplingParams(max_new_tokens=40))
+    result = runner.execute(StepPlan(prefill=[seq], decode=[]))
+    seq.output.append(result.tokens[seq.id])
+    result = runner.execute(StepPlan(prefill=[], decode=[seq]))
+    assert (result.drafted, result.accepted, result.checked) == (4, 4, 1)
+    assert len(result.more[seq.id]) == 4  # five tokens for one teacher pass
+
+
+def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
+    expected = counts.sum() * probabilities
+    keep = expected > 0
+    assert counts[~keep].sum() == 0  # nothing where the teacher puts no mass
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_the_sampling_rule_keeps_the_teachers_distribution() -> None:
+    """Drafts drawn from q, kept or replaced by the rule: the emitted tokens follow p, the teacher's, at
+    the first position and (given two emitted) at the second; a chi-square test on a 6-token vocabulary."""
+    rng = np.random.default_rng(0)
+    vocab, trials = 6, 40_000
+    p = [rng.dirichlet(np.ones(vocab)) for _ in range(3)]
+    q = [rng.dirichlet(np.ones(vocab)) for _ in range(2)]
+    q[1][3] = 0.0  # the draft never proposes a token the teacher may want: the residual must supply it
+    q[1] /= q[1].sum()
+    first, second = np.zeros(vocab), np.zeros(vocab)
+    for _ in range(trials):
+        drafts = [int(rng.choice(vocab, p=q[0])), int(rng.choice(vocab, p=q[1]))]
+        emitted = accept(drafts, q, p, rng)
+        first[emitted[0]] += 1
+        if len(emitted) >= 2:
+            second[emitted[1]] += 1
+    critical = 20.52  # chi-square, 5 degrees of freedom, p = 0.001
+    assert chi_square(first, p[0]) < critical
+    assert chi_square(second, p[1]) < critical
+    # and the rule is not vacuous: a draft that differs from the teacher is sometimes refused
+    assert second.sum() < trials
+
+
+def test_distribution_is_what_the_sampler_draws_from() -> None:
+    logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
+    greedy = distribution(logits, SamplingParams(), [])
+    assert greedy.tolist() == [0, 0, 0, 0, 1]
+    top2 = distribution(logits, SamplingParams(temperature=1.0, top_k=2), [])
+    e = np.exp([3.0, 2.0])
+    np.testing.assert_allclose(top2[[4, 0]], e / e.sum())
+    assert top2[[1, 2, 3]].sum() == 0
+    full = distribution(logits, SamplingParams(temperature=0.5), [])
+    w = np.exp((logits - logits.max()) / 0.5)
+    np.testing.assert_allclose(full, w / w.sum(), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def served(lm_pair: Path) -> Iterator[tuple[TestClient, TestClient]]:
+    on = Settings(model_repository=lm_pair, speculative="on", speculative_tokens=3)
+    off = Settings(model_repository=lm_pair, speculative="off")
+    with TestClient(create_app(on)) as fast, TestClient(create_app(off)) as plain:
+        yield fast, plain
+
+
+def test_clients_see_the_teachers_text_and_the_metrics_say_what_the_drafts_bought(
+    served: tuple[TestClient, TestClient],
+) -> None:
+    fast, plain = served
+    for prompt in ("Acme was founded", "I loved this film", "Who"):
+        body = {"model": "lm-teacher", "prompt": prompt, "max_new_tokens": 16}
+        a, b = fast.post("/v1/generate", json=body), plain.post("/v1/generate", json=body)
+        assert a.status_code == b.status_code == 200
+        assert a.json()["generated_text"] == b.json()["generated_text"]
+        completion = {"model": "lm-teacher", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        c, d = fast.post("/v1/completions", json=completion), plain.post("/v1/completions", json=completion)
+        assert c.json()["choices"][0]["text"] == d.json()["choices"][0]["text"]
+    metrics = fast.get("/metrics").text
+    drafted = metric_value(metrics, "distilserve_draft_tokens_total", model="lm-teacher")
+    checks = metric_value(metrics, "distilserve_speculative_checks_total", model="lm-teacher")
+    assert drafted > 0 and checks > 0
+    assert metric_value(plain.get("/metrics").text, "distilserve_draft_tokens_total") == 0
+
+
+def test_auto_leaves_a_draft_as_costly_as_its_teacher_off(
+    lm_pair: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO)
+    with TestClient(create_app(Settings(model_repository=lm_pair))) as c:
+        body = {"model": "lm-teacher", "prompt": "Acme", "max_new_tokens": 4}
+        assert c.post("/v1/generate", json=body).status_code == 200
+        assert metric_value(c.get("/metrics").text, "distilserve_draft_tokens_total") == 0
+    assert "speculative decoding off" in caplog.text  # the two tiny models are the same size
