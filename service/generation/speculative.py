@@ -141,6 +141,10 @@ class SpeculativeRunner:
         last = np.array([s.output[-1] for s in rows], dtype=np.int64)
 
         drafts = np.zeros((n, k), dtype=np.int64)
+        # rows that sample or penalise repetition need whole distributions; plain greedy ones an argmax
+        shaped = [
+            row for row, s in enumerate(rows) if not s.params.greedy or s.params.repetition_penalty != 1.0
+        ]
         q: list[list[np.ndarray]] = [[] for _ in rows]
         feed = last
         for j in range(k + 1):  # the last pass only caches the k-th draft
@@ -149,9 +153,12 @@ class SpeculativeRunner:
             draft_cache.append(self.draft.presents(out))
             if j == k:
                 break
-            for row, s in enumerate(rows):
+            logits = out["logits"][:, -1]
+            drafts[:, j] = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
+            for row in shaped:
+                s = rows[row]
                 seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
-                dist = distribution(out["logits"][row, -1], s.params, seen)
+                dist = distribution(logits[row], s.params, seen)
                 q[row].append(dist)
                 drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
             feed = drafts[:, j]
@@ -164,7 +171,14 @@ class SpeculativeRunner:
         teacher_cache.extend(self.teacher.presents(out))
 
         emitted: dict[int, list[int]] = {}
+        best = out["logits"].argmax(axis=-1)  # [rows, k + 1]: the teacher's greedy choice at each position
+        sampled = set(shaped)
         for row, s in enumerate(rows):
+            if row not in sampled:  # the agreeing prefix, then the teacher's own token
+                agree = drafts[row] == best[row, :k]
+                m = k if agree.all() else int(np.argmin(agree))
+                emitted[s.id] = [*drafts[row, :m].tolist(), int(best[row, m])]
+                continue
             seen = [*s.prompt, *s.output]
             p = [
                 distribution(out["logits"][row, j], s.params, [*seen, *drafts[row, :j].tolist()])

@@ -54,10 +54,13 @@ def loaded(lm_pair: Path) -> Loaded:
 
 
 def generate(
-    runner: DecoderRunner | SpeculativeRunner, requests: list[tuple[int, list[int], int]]
+    runner: DecoderRunner | SpeculativeRunner,
+    requests: list[tuple[int, list[int], int]],
+    penalty: float = 1.0,
 ) -> list[list[int]]:
     """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens."""
-    seqs = [Sequence(prompt=p, params=SamplingParams(max_new_tokens=n)) for _, p, n in requests]
+    params = [SamplingParams(max_new_tokens=n, repetition_penalty=penalty) for _, _, n in requests]
+    seqs = [Sequence(prompt=p, params=q) for (_, p, _), q in zip(requests, params, strict=True)]
     running: list[Sequence] = []
     step = 0
     while any(len(s.output) < s.params.max_new_tokens for s in seqs):
@@ -93,6 +96,12 @@ def test_greedy_output_is_the_teachers_own_under_continuous_batching(
         DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded[draft]), k, 64
     )
     assert generate(speculative, REQUESTS) == alone
+
+
+def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded) -> None:
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, penalty=1.3)
+    speculative = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
+    assert generate(speculative, REQUESTS, penalty=1.3) == alone
 
 
 def test_a_perfect_draft_is_always_kept(loaded: Loaded) -> None:
