@@ -27,6 +27,7 @@ from service.served import ServedModel, local_models
 from service.settings import Settings
 from service.tasks.contract import Collaborators
 from service.tasks.retrieval import PassageCache
+from service.tracing import setup_tracing
 
 __all__ = ["StartupError", "create_app"]
 
@@ -96,6 +97,7 @@ def create_app(
     waits there until its siblings are ready too, so the first burst of connections reaches all of them)."""
     metrics = Metrics()
     drain = DrainGate()
+    tracing = setup_tracing("frontend")  # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT: on; else None, free
     try:
         api_keys = load_api_keys(settings)
     except ValueError as e:
@@ -121,6 +123,8 @@ def create_app(
             app.state.ready = False
             drain.begin()
             await engine.close()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = ServiceApp(
         title="distilserve",
@@ -145,5 +149,5 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, keys=api_keys, protect_metrics=settings.protect_metrics)
     app.add_middleware(DrainMiddleware, gate=drain)
     limits = TextLimits(max_chars=settings.max_text_chars, truncation=settings.truncation)
-    app.add_middleware(ExchangeMiddleware, limits=limits, metrics=metrics)
+    app.add_middleware(ExchangeMiddleware, limits=limits, metrics=metrics, tracing=tracing)
     return app

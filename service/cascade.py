@@ -131,21 +131,11 @@ class Pairs:
     ) -> list[R]:
         """`answer_all` on the student, then on the teacher for the student's unsure inputs only; a share
         of the student's own answers is checked by the teacher afterwards (shadow)."""
-        self._clients_in_flight += 1
+        self._clients_in_flight += 1  # shadow checks wait for a quieter moment (SHADOW_BUSY)
         try:
-            return await self._answer(model, inputs, answer_all, requested, x)
+            results = await answer_all(model, inputs, x)
         finally:
             self._clients_in_flight -= 1
-
-    async def _answer(
-        self,
-        model: ServedModel,
-        inputs: Sequence[I],
-        answer_all: AnswerAll[I, R],
-        requested: float | None,
-        x: Exchange,
-    ) -> list[R]:
-        results = await answer_all(model, inputs, x)
         pair = self.pair_of(model)
         if pair is None:
             x.answered_by = (model.name,)
@@ -178,7 +168,7 @@ class Pairs:
         picked = [i for i in range(len(inputs)) if rate >= 1.0 or self._random.random() < rate]
         if not picked:
             return
-        busy = self._clients_in_flight > SHADOW_BUSY  # this request is one of them
+        busy = self._clients_in_flight > SHADOW_BUSY  # other requests of this process at the engine
         if busy or self._shadow_in_flight + len(picked) > SHADOW_IN_FLIGHT:
             pair.dropped.inc(len(picked))
             return

@@ -32,6 +32,17 @@ class TextLimits:
     truncation: Truncation = "truncate"
 
 
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A stretch of a traced request (tokenize, queue, an engine call, post-process), in perf_counter
+    seconds; service.tracing makes it a span once the request is answered."""
+
+    name: str
+    start_s: float
+    end_s: float
+    attributes: dict[str, str | int | float] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class Exchange:
     request_id: str = ""
@@ -46,6 +57,8 @@ class Exchange:
     truncated: int | None = None  # None: nothing was checked against a window (no header)
     answered_by: tuple[str, ...] = ()  # the models whose answers the response holds (service.cascade)
     shadow: bool = False  # a teacher's check of its student's answers, off any client's path
+    phases: list[Phase] | None = None  # a traced request's stretches (None: not traced, nothing recorded)
+    engine_done_s: float | None = None  # when its last engine work came back (post-processing starts)
     stream_error: str | None = None  # a stream that failed after its 200 was sent: a server failure
     _batches: set[int] = field(default_factory=set, repr=False)
 

@@ -19,16 +19,20 @@ import os
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.drain import READS
 from service.api.errors import error_response
-from service.exchange import SCOPE_KEY, Exchange, TextLimits
+from service.exchange import SCOPE_KEY, Exchange, Phase, TextLimits
 from service.logs import ACCESS_LOGGER
 from service.metrics import Metrics
+from service.tracing import Tracing, trace_id_of
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 REQUEST_ID_HEADER = "X-Request-ID"
 TRUNCATED_HEADER = "X-Distilserve-Truncated"
@@ -95,10 +99,13 @@ def access_fields(
 
 
 class ExchangeMiddleware:
-    def __init__(self, app: ASGIApp, limits: TextLimits, metrics: Metrics) -> None:
+    def __init__(
+        self, app: ASGIApp, limits: TextLimits, metrics: Metrics, tracing: Tracing | None = None
+    ) -> None:
         self.app = app
         self.limits = limits
         self.metrics = metrics
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,11 +117,17 @@ class ExchangeMiddleware:
         arrived = datetime.now(UTC)
         started = time.perf_counter()
         status: int | None = None
+        span = None
+        if self.tracing is not None:
+            span = self.tracing.start(f"{scope['method']} {scope['path']}", scope["headers"], started)
+            x.phases = []
+        answered: float | None = None
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
+                answered = time.perf_counter()
                 headers = MutableHeaders(scope=message)
                 headers[REQUEST_ID_HEADER] = x.request_id
                 if x.truncated is not None:
@@ -139,10 +152,35 @@ class ExchangeMiddleware:
             if counted:
                 self.metrics.in_flight.dec()
                 self._record(x, status, elapsed)
+            trace_id = None
+            if span is not None and self.tracing is not None:
+                trace_id = self._trace(span, scope, x, status, started + elapsed, answered)
             if access_log.isEnabledFor(logging.INFO):  # the fields cost more than the check
                 fields = access_fields(scope, x, status, arrived, elapsed)
+                if trace_id is not None:
+                    fields["trace_id"] = trace_id
                 line = (fields["method"], fields["path"], status)
                 access_log.info("%s %s %s", *line, extra={"access": fields})
+
+    def _trace(
+        self, span: Span, scope: Scope, x: Exchange, status: int | None, ended: float, answered: float | None
+    ) -> str:
+        """The request's spans (service.tracing); its trace id."""
+        assert self.tracing is not None
+        phases = list(x.phases or ())
+        if x.engine_done_s is not None and answered is not None and answered >= x.engine_done_s:
+            phases.append(Phase("postprocess", x.engine_done_s, answered, {"model": x.model}))
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": scope["path"],
+            "http.response.status_code": status,
+            "distilserve.request_id": x.request_id,
+            "distilserve.model": x.model or None,
+            "distilserve.task": x.task or None,
+            "distilserve.answered_by": ", ".join(x.answered_by) or None,
+        }
+        self.tracing.finish(span, phases, attributes, ended)
+        return trace_id_of(span)
 
     def _record(self, x: Exchange, status: int | None, elapsed: float) -> None:
         """The request's series, and its model's statistics. A client gone before any answer is a 500 as

@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from service.batching import ItemTiming, QueueTooSmallError
-from service.exchange import Exchange
+from service.exchange import Exchange, Phase
 from service.tasks.contract import Collaborators, Handler, InvalidInputError, TensorError, V2Job
 from service.tokenization import EncodedText
 
@@ -94,6 +94,8 @@ def tokenizing(metrics: Metrics, model: ServedModel, x: Exchange) -> Iterator[No
     elapsed = time.perf_counter() - started
     metrics.for_model(model.name).tokenize_duration.observe(elapsed)
     x.add_tokenize(elapsed)
+    if x.phases is not None:
+        x.phases.append(Phase("tokenize", started, started + elapsed, {"model": model.name}))
 
 
 async def run_all(
@@ -103,6 +105,7 @@ async def run_all(
     queue and engine time go on the exchange."""
     assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
     timings: list[ItemTiming] = []
+    sent = time.perf_counter()
     try:
         return await model.encoding.run(items, timeout_s, timings, x.shadow)
     except QueueTooSmallError as e:
@@ -110,6 +113,27 @@ async def run_all(
     finally:
         for timing in timings:
             x.add_item(timing)
+        if x.phases is not None:
+            trace_engine_work(model.name, sent, timings, x.phases)
+        x.engine_done_s = time.perf_counter()
+
+
+def trace_engine_work(model: str, sent: float, timings: Sequence[ItemTiming], phases: list[Phase]) -> None:
+    """The queue wait (until the first of the request's rows started) and one phase per engine call its
+    rows rode in, each with how many of its rows it carried."""
+    started = [t for t in timings if t.queue_s is not None and t.run_s is not None]
+    if not started:
+        return
+    phases.append(Phase("queue", sent, sent + min(t.queue_s or 0.0 for t in started), {"model": model}))
+    calls: dict[int | None, list[ItemTiming]] = {}
+    for t in started:
+        calls.setdefault(t.batch, []).append(t)
+    for batch, rows in calls.items():
+        begin = sent + (rows[0].queue_s or 0.0)
+        attributes: dict[str, str | int | float] = {"model": model, "rows": len(rows)}
+        if batch is not None:
+            attributes["batch"] = batch
+        phases.append(Phase("engine", begin, begin + (rows[0].run_s or 0.0), attributes))
 
 
 # -- v2 adapters ------------------------------------------------------------------------------------------

@@ -26,9 +26,19 @@ from tests.deploy.tools import DEPLOY, REPO
 
 Config = dict[str, Any]
 CPU_OVERRIDE = ("-f", "docker-compose.yml", "-f", "deploy/compose.cpu.yml")
-STACK = {"api", "lb", "prometheus", "grafana"}
+STACK = {"api", "lb", "prometheus", "grafana", "jaeger"}
 # Variables docker-compose.yml interpolates: unset here, so the defaults written in the file are checked.
-COMPOSE_VARIABLES = {"PORT", "MODELS", "API_REPLICAS", "PROMETHEUS_PORT", "GRAFANA_PORT", "LOCUST_PORT"}
+COMPOSE_VARIABLES = {
+    "PORT",
+    "MODELS",
+    "API_REPLICAS",
+    "PROMETHEUS_PORT",
+    "GRAFANA_PORT",
+    "LOCUST_PORT",
+    "JAEGER_PORT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_TRACES_SAMPLER_ARG",
+}
 
 
 def compose_binary() -> Path:
@@ -104,11 +114,17 @@ def test_the_gpu_stack(compose: Callable[..., Config]) -> None:
     assert published(services["lb"]) == {8080: "8000"}
     assert published(services["prometheus"]) == {9090: "9090"}
     assert published(services["grafana"]) == {3000: "3000"}
+    assert published(services["jaeger"]) == {16686: "16686"}
+    # every replica sends its traces to Jaeger's OTLP/HTTP port, a share of them (service/tracing.py)
+    assert api["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert "4318" in services["jaeger"]["expose"]
+    assert float(api["environment"]["OTEL_TRACES_SAMPLER_ARG"]) == 0.01
     conditions = {
         name: {d: c["condition"] for d, c in s.get("depends_on", {}).items()} for name, s in services.items()
     }
     assert conditions == {
         "api": {},
+        "jaeger": {},
         "lb": {"api": "service_healthy"},
         "prometheus": {"api": "service_started"},
         "grafana": {"prometheus": "service_healthy"},
