@@ -22,9 +22,10 @@ from service.exchange import TextLimits
 from service.ipc import Executions
 from service.metrics import Metrics
 from service.registry import ModelRegistry
-from service.runtime import EngineFactory, EngineModel, StartupError, load_engine_models, ort_engine_factory
+from service.runtime import EngineFactory, EngineModel, StartupError, ort_engine_factory, ready_models
 from service.served import ServedModel, local_models
 from service.settings import Settings
+from service.startup import StartupClock
 from service.tasks.contract import Collaborators
 from service.tasks.retrieval import PassageCache
 from service.tracing import setup_tracing
@@ -57,14 +58,8 @@ class LocalEngine:
         self.models: list[EngineModel] = []
 
     async def open(self) -> list[ServedModel]:
-        self.models, _ = await asyncio.to_thread(
-            load_engine_models, self.settings, self.metrics, self.engine_factory
-        )
-        if self.settings.warmup:
-            for m in self.models:
-                await asyncio.to_thread(m.warm_up)
-        for m in self.models:
-            m.start()
+        clock = StartupClock("engine")
+        self.models = await ready_models(self.settings, self.metrics, self.engine_factory, clock)
         return local_models(self.models, self.settings, self.metrics)
 
     @property
@@ -88,13 +83,23 @@ def engine_connection(
     return LocalEngine(settings, metrics, engine_factory)
 
 
+async def _start_grpc(app: FastAPI, settings: Settings, api_keys: tuple[str, ...]) -> object:
+    """Imported here: grpc and the protocol's stubs load only where gRPC is served."""
+    from service.api.grpc_v2 import start_grpc
+
+    return await start_grpc(app, settings, api_keys)
+
+
 def create_app(
     settings: Settings,
     engine_factory: EngineFactory = ort_engine_factory,
     loaded: Callable[[], Awaitable[None]] | None = None,
+    grpc: bool = False,
 ) -> FastAPI:
     """`loaded`: awaited once the models are loaded, warm and ready, before the server listens (a worker
-    waits there until its siblings are ready too, so the first burst of connections reaches all of them)."""
+    waits there until its siblings are ready too, so the first burst of connections reaches all of them).
+    `grpc`: serve the v2 gRPC service on `settings.grpc_port` too, from then until shutdown (a frontend of
+    `python -m service`; an app built in a test binds nothing)."""
     metrics = Metrics()
     drain = DrainGate()
     tracing = setup_tracing("frontend")  # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT: on; else None, free
@@ -108,20 +113,28 @@ def create_app(
         app.state.ready = False
         engine = engine_connection(settings, metrics, engine_factory)
         app.state.engine = engine
-        models = await engine.open()
+        clock = StartupClock("frontend")
+        with clock.phase("engine"):  # the core's models (or, in-process, loading them here)
+            models = await engine.open()
         app.state.registry = ModelRegistry(models)
         pairs = Pairs(app.state.registry, settings, metrics)
         passages = PassageCache(settings.passage_cache, metrics)
         app.state.collaborators = Collaborators(settings, metrics, app.state.registry, pairs, passages)
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
+        clock.report(metrics.startup_seconds)
         if loaded is not None:
             await loaded()
+        grpc_server = await _start_grpc(app, settings, api_keys) if grpc and settings.grpc_port else None
         try:
             yield
         finally:
             app.state.ready = False
             drain.begin()
+            if grpc_server is not None:
+                from service.api.grpc_v2 import stop_grpc
+
+                await stop_grpc(grpc_server)
             await engine.close()
             if tracing is not None:
                 tracing.shutdown()

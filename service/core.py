@@ -39,8 +39,9 @@ from service.engine import EngineError
 from service.generation.engine import Produced
 from service.generation.sequence import Sequence as GenSequence
 from service.metrics import Metrics
-from service.runtime import EngineFactory, EngineModel, load_engine_models
+from service.runtime import EngineFactory, EngineModel, ready_models
 from service.settings import Settings
+from service.startup import StartupClock
 from service.tokenization import EncodedText
 
 log = logging.getLogger(__name__)
@@ -285,12 +286,7 @@ async def run_core(
 ) -> None:
     """Load, warm up, bind, serve until SIGTERM/SIGINT; then finish queued work and stop."""
     metrics = Metrics()
-    models, _ = await asyncio.to_thread(load_engine_models, settings, metrics, engine_factory)
-    if settings.warmup:
-        for model in models:
-            await asyncio.to_thread(model.warm_up)
-    for model in models:
-        model.start()
+    models = await ready_models(settings, metrics, engine_factory, StartupClock("engine-core"))
     core = EngineCore(models)
     path = ipc.socket_path(settings.engine_address)
     with contextlib.suppress(FileNotFoundError):

@@ -176,6 +176,13 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.startup_seconds = Gauge(
+            "distilserve_startup_seconds",
+            "Where a process's start-up went (service.startup): imports, repository, sessions, warm-up.",
+            ["role", "phase"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.model_info = Gauge(
             "distilserve_model_info",
             "Served models (value 1): name, version, task, variant, provider.",

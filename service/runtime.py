@@ -4,6 +4,7 @@ This is what the engine core process holds (service.core); frontends hold `servi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion, RepositoryError, scan_repository
 from service.settings import Settings
+from service.startup import StartupClock
 from service.stats import ModelStats
 from service.tasks import TASKS
 from service.tokenization import EncodedText, pad_batch
@@ -382,13 +384,18 @@ def _faster_decoder(
 
 
 def load_engine_models(
-    settings: Settings, metrics: Metrics, engine_factory: EngineFactory
+    settings: Settings,
+    metrics: Metrics,
+    engine_factory: EngineFactory,
+    clock: StartupClock | None = None,
 ) -> tuple[list[EngineModel], list[str]]:
     """Every servable version of the repository, and what could not be loaded (one line each).
 
     Raises StartupError when nothing can be served, or when anything is broken and the repository
     must be whole (`DISTILSERVE_STRICT_REPOSITORY`)."""
-    scan = scan_repository(settings.model_repository)
+    clock = clock or StartupClock("engine")
+    with clock.phase("repository"):  # manifests read and validated, every file's checksum
+        scan = scan_repository(settings.model_repository)
     problems = [str(e) for e in scan.errors]
     for problem in problems:
         log.error("skipping a broken model version: %s", problem)
@@ -401,7 +408,8 @@ def load_engine_models(
     clients = ClientWork()  # the models share the cores: shadow work yields to every model's clients
     for version in scan.versions:
         try:
-            models.append(load_engine_model(version, settings, metrics, engine_factory, clients))
+            with clock.phase("sessions"):  # ONNX Runtime sessions (and a decoder's thread timing)
+                models.append(load_engine_model(version, settings, metrics, engine_factory, clients))
         except (RepositoryError, ValueError) as e:
             if settings.strict_repository:
                 raise StartupError(str(e)) from e
@@ -409,8 +417,25 @@ def load_engine_models(
             problems.append(f"{version.directory}: {e}")
     if not models:
         raise StartupError(f"no model in {settings.model_repository} could be loaded")
-    attach_drafts(models, settings)
+    with clock.phase("drafts"):
+        attach_drafts(models, settings)
     return models, problems
+
+
+async def ready_models(
+    settings: Settings, metrics: Metrics, engine_factory: EngineFactory, clock: StartupClock
+) -> list[EngineModel]:
+    """Every model loaded (off the event loop), warmed up when the settings say so, and started; the clock
+    gets each phase and reports them."""
+    models, _ = await asyncio.to_thread(load_engine_models, settings, metrics, engine_factory, clock)
+    if settings.warmup:
+        with clock.phase("warm-up"):
+            for model in models:
+                await asyncio.to_thread(model.warm_up)
+    for model in models:
+        model.start()
+    clock.report(metrics.startup_seconds)
+    return models
 
 
 def attach_drafts(models: list[EngineModel], settings: Settings) -> None:
