@@ -140,8 +140,11 @@ def _pair(
 
 def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
     teacher = f"{pair.teacher.name} version {pair.teacher.version}"
-    if task not in CASCADE_TASKS:
+    if task == "text-generation":
         console.print(f"paired with {teacher}: served together, the student drafts for it (speculative)")
+        return
+    if task not in CASCADE_TASKS:
+        console.print(f"paired with {teacher} (no cascade for {task})")
         return
     if result.cascade is None:
         print_warning(f"paired with {teacher}; without --eval-data no cascade threshold was calibrated")

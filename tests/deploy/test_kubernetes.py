@@ -53,3 +53,19 @@ def test_probes_ports_and_knobs_match_the_service(manifest: Path, tmp_path: Path
             assert spec["terminationGracePeriodSeconds"] > grace + pause
             context = spec["securityContext"]
             assert context["runAsNonRoot"] and context["runAsUser"] == 10001  # the Dockerfile's USER
+
+
+def test_the_autoscaler_scales_the_deployment_on_cpu_within_sane_bounds() -> None:
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "distilserve.yaml").read_text()))
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert 1 <= hpa["spec"]["minReplicas"] <= deployment["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert 0 < metric["resource"]["target"]["averageUtilization"] <= 100
+    # a CPU target needs a CPU request to be a share of
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "cpu" in container["resources"]["requests"]
