@@ -63,7 +63,8 @@ RUN pip install -c constraints.txt ".[cpu]" \
  && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin distilserve
 COPY --from=models --chown=10001:10001 /models /models
 USER 10001:10001
-EXPOSE 8000
+# HTTP (DISTILSERVE_PORT) and the v2 gRPC service (DISTILSERVE_GRPC_PORT)
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
 ENTRYPOINT ["python", "-m", "service"]
 
@@ -90,6 +91,7 @@ RUN pip install -c constraints.txt . onnxruntime-gpu \
  && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin distilserve
 COPY --from=models --chown=10001:10001 /models /models
 USER 10001:10001
-EXPOSE 8000
+# HTTP (DISTILSERVE_PORT) and the v2 gRPC service (DISTILSERVE_GRPC_PORT)
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
 ENTRYPOINT ["python", "-m", "service"]

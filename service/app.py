@@ -126,6 +126,7 @@ def create_app(
         if loaded is not None:
             await loaded()
         grpc_server = await _start_grpc(app, settings, api_keys) if grpc and settings.grpc_port else None
+        app.state.grpc = grpc_server
         try:
             yield
         finally:

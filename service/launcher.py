@@ -9,8 +9,9 @@ split every batch N ways: the frontends scale the HTTP side alone.
 Each frontend listens on a socket of its own bound with SO_REUSEPORT: the kernel spreads new connections
 evenly over the listening ones. (One shared socket lets whichever process wakes first accept a burst of
 them: 64 connections opened at once all went to one.) A frontend listens only once the core has told it
-what is served, and none before all have, so the first burst of connections reaches all of them. The
-supervisor holds the port (bound, never listening), keeps prometheus_client's multiprocess files so any
+what is served, and none before all have, so the first burst of connections reaches all of them. Each
+serves the v2 gRPC service the same way on DISTILSERVE_GRPC_PORT (service.api.grpc_v2). The
+supervisor holds the ports (bound, never listening), keeps prometheus_client's multiprocess files so any
 frontend's /metrics reports every process, starts a process again when one dies (later and later while it
 keeps dying young), stops everything when the core cannot start, kills and replaces a process whose event
 loop stopped ticking (hung: alive, answering nobody), and on SIGTERM or Ctrl-C drains the frontends first
@@ -127,7 +128,7 @@ def run_frontend(
 
     try:
         sock = reuseport_socket(settings.host, settings.port)
-        app = create_app(settings, engine_factory, loaded=loaded)
+        app = create_app(settings, engine_factory, loaded=loaded, grpc=True)
     except (OSError, StartupError) as e:
         log.error("distilserve: %s", e)
         sys.exit(STARTUP_FAILURE)
@@ -188,6 +189,18 @@ class Supervisor:
         except OSError as e:
             log.error("distilserve: cannot bind %s:%d: %s", self.settings.host, self.settings.port, e)
             return STARTUP_FAILURE
+        try:  # the frontends' gRPC port (service.api.grpc_v2), held the same way
+            held_grpc = (
+                reuseport_socket(self.settings.host, self.settings.grpc_port)
+                if self.settings.grpc_port
+                else None
+            )
+        except OSError as e:
+            held.close()
+            log.error(
+                "distilserve: cannot bind gRPC %s:%d: %s", self.settings.host, self.settings.grpc_port, e
+            )
+            return STARTUP_FAILURE
         port = held.getsockname()[1]  # port 0 resolves here, once, for every frontend
         sockets = tempfile.mkdtemp(prefix="distilserve-ipc-")
         address = self.settings.engine_address or f"unix:{sockets}/engine-core.sock"
@@ -208,10 +221,16 @@ class Supervisor:
                 self.settings.host,
                 port,
             )
+            if self.settings.grpc_port:
+                log.info(
+                    "gRPC (Open Inference Protocol) on %s:%d", self.settings.host, self.settings.grpc_port
+                )
             code = self._watch(metrics_dir)
         finally:
             self._stop_all()
             held.close()
+            if held_grpc is not None:
+                held_grpc.close()
             shutil.rmtree(sockets, ignore_errors=True)
             if owned:
                 shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -17,6 +17,13 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind.")
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="Port of the Open Inference Protocol's gRPC service (KServe v2, what tritonclient.grpc "
+        "speaks; 8001 as Triton's), on the same host, served by every frontend; 0: no gRPC.",
+    )
     model_repository: Path = Field(Path("models"), description="Model repository root (models/<name>/<v>/).")
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="auto: CUDA when ONNX Runtime can use it, else CPU."

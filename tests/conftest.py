@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The servers tests start (`python -m service` in a subprocess inherits this) serve no gRPC unless a test
+# asks for a port of its own: the default, 8001, is shared (SO_REUSEPORT) with any other server on it.
+os.environ.setdefault("DISTILSERVE_GRPC_PORT", "0")
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def test_cpu_and_gpu_runtimes_are_separate_extras() -> None:
 
 def test_the_serving_path_imports_no_training_libraries() -> None:
     code = (
-        "import sys, service.app, service.__main__\n"
+        "import sys, service.app, service.__main__, service.api.grpc_v2\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'optimum'})\n"
         "print(','.join(heavy))"
     )

@@ -183,11 +183,16 @@ class ExchangeMiddleware:
         return trace_id_of(span)
 
     def _record(self, x: Exchange, status: int | None, elapsed: float) -> None:
-        """The request's series, and its model's statistics. A client gone before any answer is a 500 as
-        before (nothing was sent); a stream that failed after its 200 is a server failure."""
-        code = 500 if status is None or x.stream_error is not None else status
-        count, duration = self.metrics.request_series(x.model, x.task, code)
-        count.inc()
-        duration.observe(elapsed)
-        if x.stats is not None:
-            x.stats.observe_request(code < 400, elapsed, x)
+        record_request(self.metrics, x, status, elapsed)
+
+
+def record_request(metrics: Metrics, x: Exchange, status: int | None, elapsed: float) -> None:
+    """A request's series, and its model's statistics (HTTP here, gRPC in service.api.grpc_v2). A client
+    gone before any answer is a 500 as before (nothing was sent); a stream that failed after its 200 is a
+    server failure."""
+    code = 500 if status is None or x.stream_error is not None else status
+    count, duration = metrics.request_series(x.model, x.task, code)
+    count.inc()
+    duration.observe(elapsed)
+    if x.stats is not None:
+        x.stats.observe_request(code < 400, elapsed, x)

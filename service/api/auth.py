@@ -2,7 +2,8 @@
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither
-the time to answer nor the key lengths say anything about how close a guess came.
+the time to answer nor the key lengths say anything about how close a guess came. The gRPC service checks
+the same keys in its `authorization` metadata (service.api.grpc_v2), with the same answers (`refusal`).
 """
 
 from __future__ import annotations
@@ -50,11 +51,30 @@ def key_matches(given: str, digests: Sequence[bytes]) -> bool:
     return matched
 
 
+def digests(keys: Sequence[str]) -> tuple[bytes, ...]:
+    return tuple(_digest(k) for k in keys)
+
+
 def bearer_token(headers: Headers) -> str | None:
-    scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+    return bearer_of(headers.get("authorization", ""))
+
+
+def bearer_of(authorization: str) -> str | None:
+    """The key of an `Authorization: Bearer <key>` value (an HTTP header or gRPC metadata), else None."""
+    scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def refusal(token: str | None, known: Sequence[bytes]) -> UnauthorizedError | None:
+    """Why a request with this key is refused (none given, or not ours); None when it may pass. One
+    wording for HTTP and gRPC."""
+    if token is None:
+        return UnauthorizedError("an API key is required: send Authorization: Bearer <key>", CHALLENGE)
+    if not key_matches(token, known):
+        return UnauthorizedError("the API key is not valid", f'{CHALLENGE}, error="invalid_token"')
+    return None
 
 
 class ApiKeyMiddleware:
@@ -62,7 +82,7 @@ class ApiKeyMiddleware:
         if not keys:
             raise ValueError("ApiKeyMiddleware needs at least one key")
         self.app = app
-        self._digests = tuple(_digest(k) for k in keys)
+        self._digests = digests(keys)
         self._protect_metrics = protect_metrics
 
     def protects(self, path: str) -> bool:
@@ -76,12 +96,8 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or not self.protects(scope["path"]):
             await self.app(scope, receive, send)
             return
-        token = bearer_token(Headers(scope=scope))
-        if token is None:
-            error = UnauthorizedError("an API key is required: send Authorization: Bearer <key>", CHALLENGE)
-        elif not key_matches(token, self._digests):
-            error = UnauthorizedError("the API key is not valid", f'{CHALLENGE}, error="invalid_token"')
-        else:
+        error = refusal(bearer_token(Headers(scope=scope)), self._digests)
+        if error is None:
             await self.app(scope, receive, send)
             return
         response = response_for(error, scope["path"])

@@ -21,13 +21,14 @@ import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.datastructures import State
 
-from service.api.deps import collaborators
 from service.api.disconnect import until_disconnect
 from service.api.errors import response_for
 from service.api.v2_schemas import (
     BINARY_HEADER,
     ErrorBody,
+    InferenceRequest,
     ModelMetadata,
     OutputChoice,
     ServerMetadata,
@@ -42,7 +43,7 @@ from service.api.v2_schemas import (
     read_text_inputs,
     split_body,
 )
-from service.exchange import exchange_of
+from service.exchange import Exchange, exchange_of
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.served import ServedModel
 from service.tasks import TASKS
@@ -70,18 +71,28 @@ class ServerNotReadyError(RuntimeError):
 # -- errors in the v2 shape -------------------------------------------------------------------------------
 
 
-def v2_error(exc: Exception) -> JSONResponse | None:
-    """The v2 answer to a failure: the shared table's status and headers, 400 where v1 says 422, and a
-    `{"error": message}` body; None for what no table knows (a bug: the app answers 500)."""
+def v2_status(exc: Exception) -> tuple[int, dict[str, str]] | None:
+    """The v2 status of a failure and its headers (Retry-After, a Bearer challenge): the shared table's, 400
+    where v1 says 422; None for what no table knows (a bug). gRPC answers the same (service.api.grpc_v2)."""
     if isinstance(exc, TensorError):
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return 400, {}
     if isinstance(exc, ServerNotReadyError):
-        return JSONResponse({"error": str(exc)}, status_code=503)
+        return 503, {}
     shared = response_for(exc)
     if shared is None:
         return None
     status = 400 if shared.status_code == 422 else shared.status_code
     headers = {k: v for k, v in shared.headers.items() if k not in ("content-length", "content-type")}
+    return status, headers
+
+
+def v2_error(exc: Exception) -> JSONResponse | None:
+    """The v2 answer to a failure: `v2_status` and a `{"error": message}` body; None for what no table
+    knows (a bug: the app answers 500)."""
+    found = v2_status(exc)
+    if found is None:
+        return None
+    status, headers = found
     return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
 
 
@@ -137,11 +148,17 @@ def model_metadata(model: ServedModel, versions: list[int]) -> ModelMetadata:
 # -- request plumbing -------------------------------------------------------------------------------------
 
 
+def loaded(state: State) -> Collaborators:
+    """The app's collaborators, or a 503 while start-up has not loaded the repository yet."""
+    if getattr(state, "registry", None) is None:
+        raise ServerNotReadyError("the server is starting: no model is loaded yet")
+    c: Collaborators = state.collaborators
+    return c
+
+
 async def served(request: Request) -> Collaborators:
     """The collaborators, or a 503 while start-up has not loaded the repository yet."""
-    if getattr(request.app.state, "registry", None) is None:
-        raise ServerNotReadyError("the server is starting: no model is loaded yet")
-    return await collaborators(request)
+    return loaded(request.app.state)
 
 
 def find_model(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
@@ -159,7 +176,7 @@ def _is_version_number(version: str) -> bool:
     return version.isascii() and version.isdigit() and len(version) <= _MAX_VERSION_DIGITS
 
 
-def _versions(registry: ModelRegistry, name: str) -> list[int]:
+def versions_of(registry: ModelRegistry, name: str) -> list[int]:
     return [m.manifest.version for m in registry.versions(name)]
 
 
@@ -172,9 +189,10 @@ def _reply(content: bytes, header_length: int | None, accept_encoding: str | Non
     return Response(content, media_type=media, headers=headers)
 
 
-def _as_classifications(
+def as_classifications(
     tensors: dict[str, np.ndarray], choices: list[OutputChoice], model: ServedModel
 ) -> dict[str, np.ndarray]:
+    """The task's outputs, those asked for as classifications turned into Triton's "value:index:label"."""
     out = dict(tensors)
     for choice in choices:
         if choice.classification:
@@ -183,30 +201,49 @@ def _as_classifications(
     return out
 
 
-async def infer(request: Request, c: Collaborators, name: str, version: str | None) -> Response:
-    model = find_model(c.registry, name, version)
-    x = exchange_of(request.scope)
-    x.serve(model.name, model.manifest.task, model.stats)
+def v2_job(
+    c: Collaborators,
+    model: ServedModel,
+    parsed: InferenceRequest,
+    binary: bytes,
+    x: Exchange,
+    deadline_cap_s: float | None = None,
+) -> tuple[V2Job, list[OutputChoice]]:
+    """An infer request decoded into the job its task runs and the outputs it asked for.
+
+    Both protocols come here: HTTP with its JSON header and binary tensor data, gRPC with its protobuf
+    read into the same envelope (raw tensor contents as binary data), so one implementation checks every
+    rule (inputs, shapes, batch cap, outputs, deadline). `deadline_cap_s`: the caller's own deadline (a
+    gRPC deadline) shortens the server's too."""
     task = TASKS[model.manifest.task].v2
-    body = decompress(
-        await request.body(), request.headers.get("content-encoding"), c.settings.max_body_bytes
-    )
-    header, binary = split_body(body, request.headers.get(BINARY_HEADER))
-    parsed = parse_request(header)
     texts = read_text_inputs(parsed, binary, task.inputs)
     choices = choose_outputs(parsed, [o.name for o in task.outputs])
     batch = len(texts[task.inputs[0]])
     if batch == 0:
         raise TensorError(f"input {task.inputs[0]}: the batch is empty")
     c.check_batch(batch, x)
-    timeout_s = deadline_s(parsed.parameters, c.settings.request_timeout_s)
-    tensors = await until_disconnect(
-        request.scope, request.receive, task.run(V2Job(model, texts, parsed.parameters, c, timeout_s, x))
+    default_s = c.settings.request_timeout_s
+    if deadline_cap_s is not None:
+        default_s = min(default_s, deadline_cap_s)
+    timeout_s = deadline_s(parsed.parameters, default_s)
+    return V2Job(model, texts, parsed.parameters, c, timeout_s, x), choices
+
+
+async def infer(request: Request, c: Collaborators, name: str, version: str | None) -> Response:
+    model = find_model(c.registry, name, version)
+    x = exchange_of(request.scope)
+    x.serve(model.name, model.manifest.task, model.stats)
+    body = decompress(
+        await request.body(), request.headers.get("content-encoding"), c.settings.max_body_bytes
     )
+    header, binary = split_body(body, request.headers.get(BINARY_HEADER))
+    parsed = parse_request(header)
+    job, choices = v2_job(c, model, parsed, binary, x)
+    tensors = await until_disconnect(request.scope, request.receive, TASKS[model.manifest.task].v2.run(job))
     head: dict[str, Any] = {"model_name": model.name, "model_version": str(model.manifest.version)}
     if parsed.id is not None:
         head["id"] = parsed.id
-    content, header_length = encode_response(head, _as_classifications(tensors, choices, model), choices)
+    content, header_length = encode_response(head, as_classifications(tensors, choices, model), choices)
     return _reply(content, header_length, request.headers.get("accept-encoding"))
 
 
@@ -251,7 +288,7 @@ async def model_version_ready(request: Request, name: str, version: str) -> Resp
 
 @router.get("/models/{name}", response_model=ModelMetadata, summary="Model metadata: the task's tensors.")
 async def get_model_metadata(name: str, c: Collaborators = Depends(served)) -> ModelMetadata:
-    return model_metadata(find_model(c.registry, name, None), _versions(c.registry, name))
+    return model_metadata(find_model(c.registry, name, None), versions_of(c.registry, name))
 
 
 @router.get("/models/{name}/versions/{version}", response_model=ModelMetadata, summary="Version metadata.")

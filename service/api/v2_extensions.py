@@ -21,7 +21,7 @@ read, each derived from what is loaded, never from a config file: distilserve ha
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
@@ -211,8 +211,14 @@ def model_stat(model: ServedModel, engine: Executions | None) -> ModelStat:
     )
 
 
-async def stats_of(request: Request, models: list[ServedModel]) -> StatsResponse:
-    executions = {(e.name, e.version): e for e in await request.app.state.engine.executions()}
+class Executing(Protocol):
+    """What the statistics need of the engine connection (service.app)."""
+
+    async def executions(self) -> list[Executions]: ...
+
+
+async def stats_of(engine: Executing, models: list[ServedModel]) -> StatsResponse:
+    executions = {(e.name, e.version): e for e in await engine.executions()}
     return StatsResponse(
         model_stats=[model_stat(m, executions.get((m.name, m.manifest.version))) for m in models]
     )
@@ -253,7 +259,7 @@ def _index_request(body: bytes) -> IndexRequest:
     description=PER_PROCESS,
 )
 async def all_model_stats(request: Request, c: Collaborators = Depends(served)) -> StatsResponse:
-    return await stats_of(request, c.registry.all())
+    return await stats_of(request.app.state.engine, c.registry.all())
 
 
 @router.get(
@@ -263,7 +269,7 @@ async def all_model_stats(request: Request, c: Collaborators = Depends(served)) 
     description=PER_PROCESS,
 )
 async def model_stats(name: str, request: Request, c: Collaborators = Depends(served)) -> StatsResponse:
-    return await stats_of(request, c.registry.versions(name))
+    return await stats_of(request.app.state.engine, c.registry.versions(name))
 
 
 @router.get(
@@ -275,7 +281,7 @@ async def model_stats(name: str, request: Request, c: Collaborators = Depends(se
 async def model_version_stats(
     name: str, version: str, request: Request, c: Collaborators = Depends(served)
 ) -> StatsResponse:
-    return await stats_of(request, [find_model(c.registry, name, version)])
+    return await stats_of(request.app.state.engine, [find_model(c.registry, name, version)])
 
 
 @router.get(
@@ -305,15 +311,24 @@ async def get_model_version_config(
 )
 async def repository_index(request: Request, c: Collaborators = Depends(served)) -> list[IndexEntry]:
     _index_request(await request.body())  # validated; `ready` filters nothing: all are ready
+    return index_of(c)
+
+
+def index_of(c: Collaborators) -> list[IndexEntry]:
+    """Every served version, READY (what start-up could not load is not served)."""
     return [IndexEntry(name=m.name, version=str(m.manifest.version), state="READY") for m in c.registry.all()]
 
 
-def _fixed(action: str, name: str) -> JSONResponse:
-    message = (
+def fixed_repository(action: str, name: str) -> str:
+    """Why load and unload are refused (HTTP 400; gRPC INVALID_ARGUMENT)."""
+    return (
         f"cannot {action} {name!r}: the model repository is fixed at start-up (every version under "
         "DISTILSERVE_MODEL_REPOSITORY is loaded then); restart the server to change what it serves"
     )
-    return JSONResponse({"error": message}, status_code=400)
+
+
+def _fixed(action: str, name: str) -> JSONResponse:
+    return JSONResponse({"error": fixed_repository(action, name)}, status_code=400)
 
 
 @router.post("/repository/models/{name}/load", summary="Not supported: the repository is fixed at start-up.")

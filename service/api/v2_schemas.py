@@ -351,7 +351,13 @@ def classifications(values: np.ndarray, count: int, labels: Sequence[str] | None
     return np.array(rows, dtype=object).reshape(values.shape[0], -1)
 
 
-def _binary(array: np.ndarray) -> bytes:
+def datatype_of(array: np.ndarray) -> str:
+    """The v2 datatype of an output tensor (FP32, INT64 or BYTES)."""
+    return _DATATYPES[array.dtype]
+
+
+def tensor_bytes(array: np.ndarray) -> bytes:
+    """A tensor's raw bytes as v2 lays them out, the same in HTTP's binary data and gRPC's raw contents."""
     if array.dtype == object:
         encoded = [str(v).encode("utf-8") for v in array.ravel()]
         return b"".join(_LENGTH.pack(len(b)) + b for b in encoded)
@@ -366,10 +372,10 @@ def encode_response(
     blobs: list[bytes] = []
     for choice in choices:
         array = tensors[choice.name]
-        entry: dict[str, Any] = {"name": choice.name, "datatype": _DATATYPES[array.dtype]}
+        entry: dict[str, Any] = {"name": choice.name, "datatype": datatype_of(array)}
         entry["shape"] = list(array.shape)
         if choice.binary:
-            blob = _binary(array)
+            blob = tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

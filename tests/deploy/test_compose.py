@@ -105,7 +105,7 @@ def test_the_gpu_stack(compose: Callable[..., Config]) -> None:
     api = services["api"]
     assert api["build"]["target"] == "runtime-gpu"
     assert devices(api) == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert "ports" not in api and api["expose"] == ["8000"]  # replicas sit behind nginx: no host port
+    assert "ports" not in api and api["expose"] == ["8000", "8001"]  # behind nginx: no host port; 8001 gRPC
     assert api["healthcheck"]["test"] == ["CMD", "python", "/app/healthcheck.py"]
     grace = float(api["environment"]["DISTILSERVE_SHUTDOWN_GRACE_S"])
     assert float(api["stop_grace_period"].rstrip("s")) > grace  # queued work drains before SIGKILL
