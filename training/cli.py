@@ -26,7 +26,8 @@ from training.runs import TASKS, distill, train_teacher
 from training.trainer import TrainConfig
 
 app = cli_app(
-    help="Distil BERT/GPT-2 teachers into small students (PyTorch + HF transformers), for four tasks.",
+    help="Distil BERT/GPT-2/Llama teachers into small students (PyTorch + HF transformers): classification, "
+    "QA, fill-mask, generation and sentence embeddings.",
     no_args_is_help=True,
 )
 
