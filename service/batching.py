@@ -14,7 +14,9 @@ SHADOW_BATCH at a time (what a client arriving meanwhile may wait behind); and a
 when the queue is full: a client item takes its place instead of getting a 429.
 
 An optional `BatchPlanner` (service.latency_target) picks each batch's caps and wait from what the engine's
-batches cost, instead of the policy's fixed ones.
+batches cost, instead of the policy's fixed ones. An optional `trace_batch` (service.tracing) is handed each
+engine call that carried a traced item (`ItemTiming.traced`) and returns a reference to the call's span, which
+goes back on those items' timings.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class BatchCaps:
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What one engine call looked like, for metrics."""
+    """What one engine call looked like, for metrics (and a traced batch's span, service.tracing)."""
 
     size: int
     real_tokens: int
@@ -103,15 +105,19 @@ class BatchStats:
     queue_wait_s: list[float]
     run_s: float
     failed: bool
+    started_s: float = 0.0  # when the call began (time.monotonic)
+    batch: int = -1  # which engine call (ItemTiming.batch)
 
 
 @dataclass
 class ItemTiming:
-    """Filled in for one submitted item, for callers that account per request (access logs)."""
+    """Filled in for one submitted item, for callers that account per request (access logs, traces)."""
 
     queue_s: float | None = None
     run_s: float | None = None
     batch: int | None = None  # which engine call (unique per process): a request's items may share one
+    traced: bool = False  # set by the caller: a sampled request's item, whose engine call gets a span
+    batch_span: str = ""  # that span, for the request's link to it (service.tracing.span_ref)
 
 
 class BatchPlanner(Protocol):
@@ -232,6 +238,7 @@ class MicroBatcher(Generic[T, R]):
         on_queue_depth: Callable[[int], None] | None = None,
         clients: ClientWork | None = None,
         planner: BatchPlanner | None = None,
+        trace_batch: Callable[[BatchStats], str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -243,6 +250,7 @@ class MicroBatcher(Generic[T, R]):
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
         self._planner = planner
+        self._trace_batch = trace_batch  # tracing on: a span for each call carrying a traced item
         self._queue: list[_Pending[T, R]] = []  # changed under the lock only: the loop and the engine threads
         self._work = threading.Condition(threading.Lock())
         self._seq = itertools.count()
@@ -527,18 +535,11 @@ class MicroBatcher(Generic[T, R]):
         run_s: float,
     ) -> None:
         batch_id = next(_BATCH_IDS)
-        for i, p in enumerate(batch):
-            if p.timing is not None:  # before the futures resolve: a caller sees its times as it wakes
-                p.timing.queue_s = started - p.enqueued_at
-                p.timing.run_s = run_s
-                p.timing.batch = batch_id
-            if p.future.done():
-                continue
-            if failure is not None:
-                p.future.set_exception(failure)
-            else:
-                p.future.set_result(results[i])
-        if self._on_batch is not None or self._planner is not None:
+        traced = self._trace_batch is not None and any(
+            p.timing is not None and p.timing.traced for p in batch
+        )
+        stats = None
+        if self._on_batch is not None or self._planner is not None or traced:
             costs = [p.cost for p in batch]
             stats = BatchStats(
                 size=len(batch),
@@ -547,11 +548,37 @@ class MicroBatcher(Generic[T, R]):
                 queue_wait_s=[started - p.enqueued_at for p in batch],
                 run_s=run_s,
                 failed=failure is not None,
+                started_s=started,
+                batch=batch_id,
             )
+        span = self._traced(stats) if traced and stats is not None else ""
+        for i, p in enumerate(batch):
+            if p.timing is not None:  # before the futures resolve: a caller sees its times as it wakes
+                p.timing.queue_s = started - p.enqueued_at
+                p.timing.run_s = run_s
+                p.timing.batch = batch_id
+                if p.timing.traced:
+                    p.timing.batch_span = span
+            if p.future.done():
+                continue
+            if failure is not None:
+                p.future.set_exception(failure)
+            else:
+                p.future.set_result(results[i])
+        if stats is not None:
             if self._planner is not None:
                 self._planner.observe(stats)
             if self._on_batch is not None:
                 self._on_batch(stats)
+
+    def _traced(self, stats: BatchStats) -> str:
+        """The batch's span (its reference), or "" when making it failed: tracing never fails a batch."""
+        assert self._trace_batch is not None
+        try:
+            return self._trace_batch(stats)
+        except Exception:
+            log.exception("micro-batcher: tracing an engine call failed")
+            return ""
 
     @staticmethod
     def _fail_late(pending: _Pending[T, R]) -> None:

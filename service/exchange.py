@@ -32,15 +32,23 @@ class TextLimits:
     truncation: Truncation = "truncate"
 
 
+Attribute = str | int | float
+Event = tuple[str, float, dict[str, Attribute]]  # name, when (perf_counter seconds), attributes
+
+
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """A stretch of a traced request (tokenize, queue, an engine call, post-process), in perf_counter
-    seconds; service.tracing makes it a span once the request is answered."""
+    """A stretch of a traced request (tokenize, queue, an engine call, post-process, a generation's prefill
+    and decode), in perf_counter seconds; service.tracing makes it a span once the request is answered.
+    `links`: spans it points at (an engine call's batch span, as `service.tracing.span_ref` writes them);
+    `events`: moments inside it."""
 
     name: str
     start_s: float
     end_s: float
-    attributes: dict[str, str | int | float] = field(default_factory=dict)
+    attributes: dict[str, Attribute] = field(default_factory=dict)
+    links: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
 
 
 @dataclass(slots=True)
@@ -57,7 +65,7 @@ class Exchange:
     truncated: int | None = None  # None: nothing was checked against a window (no header)
     answered_by: tuple[str, ...] = ()  # the models whose answers the response holds (service.cascade)
     shadow: bool = False  # a teacher's check of its student's answers, off any client's path
-    phases: list[Phase] | None = None  # a traced request's stretches (None: not traced, nothing recorded)
+    phases: list[Phase] | None = None  # a sampled request's stretches (None: not traced, nothing recorded)
     engine_done_s: float | None = None  # when its last engine work came back (post-processing starts)
     stream_error: str | None = None  # a stream that failed after its 200 was sent: a server failure
     _batches: set[int] = field(default_factory=set, repr=False)

@@ -119,8 +119,10 @@ class ExchangeMiddleware:
         status: int | None = None
         span = None
         if self.tracing is not None:
-            span = self.tracing.start(f"{scope['method']} {scope['path']}", scope["headers"], started)
-            x.phases = []
+            carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            span = self.tracing.start(f"{scope['method']} {scope['path']}", carrier, started)
+            if span.is_recording():  # sampled: its phases are recorded (and its engine calls traced)
+                x.phases = []
         answered: float | None = None
 
         async def send_with_headers(message: Message) -> None:
@@ -167,9 +169,6 @@ class ExchangeMiddleware:
     ) -> str:
         """The request's spans (service.tracing); its trace id."""
         assert self.tracing is not None
-        phases = list(x.phases or ())
-        if x.engine_done_s is not None and answered is not None and answered >= x.engine_done_s:
-            phases.append(Phase("postprocess", x.engine_done_s, answered, {"model": x.model}))
         attributes = {
             "http.request.method": scope["method"],
             "url.path": scope["path"],
@@ -179,11 +178,22 @@ class ExchangeMiddleware:
             "distilserve.task": x.task or None,
             "distilserve.answered_by": ", ".join(x.answered_by) or None,
         }
-        self.tracing.finish(span, phases, attributes, ended)
+        self.tracing.finish(span, request_phases(x, answered), attributes, ended)
         return trace_id_of(span)
 
     def _record(self, x: Exchange, status: int | None, elapsed: float) -> None:
         record_request(self.metrics, x, status, elapsed)
+
+
+def request_phases(x: Exchange, answered: float | None) -> list[Phase]:
+    """A sampled request's phases as its exchange recorded them, and its post-processing (from its last
+    engine answer to its own); none for a request that was not sampled."""
+    if x.phases is None:
+        return []
+    phases = list(x.phases)
+    if x.engine_done_s is not None and answered is not None and answered >= x.engine_done_s:
+        phases.append(Phase("postprocess", x.engine_done_s, answered, {"model": x.model}))
+    return phases
 
 
 def record_request(metrics: Metrics, x: Exchange, status: int | None, elapsed: float) -> None:

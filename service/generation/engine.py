@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
-from service.generation.sequence import Detokenizer, FinishReason, TokenEvent
+from service.generation.sequence import TRACED_TOKENS, Detokenizer, FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
 from service.generation.speculative import SpeculativeRunner
 
@@ -199,9 +199,12 @@ class TokenStreams:
         self._hooks = hooks or EngineHooks()
         self.stream_interval_s = stream_interval_s
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> GenSequence:
-        """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken)."""
+    def submit(self, prompt: Sequence[int], params: SamplingParams, traced: bool = False) -> GenSequence:
+        """Queue a request (QueueFullError / BatcherClosedError when it cannot be taken). `traced`: a sampled
+        request's, which keeps its first tokens' times (`Sequence.token_times`)."""
         seq = GenSequence(prompt=list(prompt), params=params, detokenizer=self._detokenizer())
+        if traced:
+            seq.token_times = []
         self._admit(seq)
         return seq
 
@@ -248,9 +251,11 @@ class TokenStreams:
                 seq.aborted = True
                 self._release(seq)
 
-    async def generate(self, prompt: Sequence[int], params: SamplingParams) -> tuple[GenSequence, str]:
+    async def generate(
+        self, prompt: Sequence[int], params: SamplingParams, traced: bool = False
+    ) -> tuple[GenSequence, str]:
         """Run to completion; returns the finished sequence and its text."""
-        seq = self.submit(prompt, params)
+        seq = self.submit(prompt, params, traced)
         parts = [event.text async for event in self.stream(seq)]
         return seq, "".join(parts)
 
@@ -278,6 +283,8 @@ class TokenStreams:
         elif self._hooks.on_token is not None:
             self._hooks.on_token(now - seq.last_token_at)
         seq.last_token_at = now
+        if seq.token_times is not None and len(seq.token_times) < TRACED_TOKENS:
+            seq.token_times.append(now)
         seq.streamed = index + 1
         stopped = finish != "eos" and self._add_text(seq, token)
         if stopped:

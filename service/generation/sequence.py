@@ -15,6 +15,7 @@ import numpy as np
 from service.generation.sampling import SamplingParams
 
 FinishReason = Literal["length", "eos", "stop"]
+TRACED_TOKENS = 32  # a traced sequence's tokens whose arrival times it keeps (its decode span's events)
 _ids = itertools.count()
 
 
@@ -48,6 +49,8 @@ class Sequence:
     ended: bool = False  # the client got its last event (the event loop's view; finish_reason is shared)
     arrived_at: float = field(default_factory=time.perf_counter)
     last_token_at: float | None = None
+    # a sampled request's: when each of its first TRACED_TOKENS tokens reached its stream (None: not traced)
+    token_times: list[float] | None = None
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     rng: np.random.Generator | None = None
     detokenizer: Detokenizer | None = None  # set by the engine that streams it

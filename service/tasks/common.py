@@ -102,12 +102,12 @@ async def run_all(
     model: ServedModel, items: Sequence[EncodedText], timeout_s: float, x: Exchange
 ) -> list[Outputs]:
     """A request's sequences through the model's engine, all or none (they may share engine calls); their
-    queue and engine time go on the exchange."""
+    queue and engine time go on the exchange (and, for a sampled request, its phases)."""
     assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
     timings: list[ItemTiming] = []
     sent = time.perf_counter()
     try:
-        return await model.encoding.run(items, timeout_s, timings, x.shadow)
+        return await model.encoding.run(items, timeout_s, timings, x.shadow, traced=x.phases is not None)
     except QueueTooSmallError as e:
         raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
     finally:
@@ -120,7 +120,8 @@ async def run_all(
 
 def trace_engine_work(model: str, sent: float, timings: Sequence[ItemTiming], phases: list[Phase]) -> None:
     """The queue wait (until the first of the request's rows started) and one phase per engine call its
-    rows rode in, each with how many of its rows it carried."""
+    rows rode in, each with how many of its rows it carried and a link to the call's span (service.tracing).
+    """
     started = [t for t in timings if t.queue_s is not None and t.run_s is not None]
     if not started:
         return
@@ -133,7 +134,8 @@ def trace_engine_work(model: str, sent: float, timings: Sequence[ItemTiming], ph
         attributes: dict[str, str | int | float] = {"model": model, "rows": len(rows)}
         if batch is not None:
             attributes["batch"] = batch
-        phases.append(Phase("engine", begin, begin + (rows[0].run_s or 0.0), attributes))
+        links = (rows[0].batch_span,) if rows[0].batch_span else ()
+        phases.append(Phase("engine", begin, begin + (rows[0].run_s or 0.0), attributes, links))
 
 
 # -- v2 adapters ------------------------------------------------------------------------------------------

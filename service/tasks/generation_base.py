@@ -5,6 +5,12 @@ The engine runs its own scheduler (continuous batching); the endpoints tokenize,
 the events the engine's token groups become. The engine's text events never end mid-character (its
 detokenizer holds back a character's first bytes until the token completing it arrives), so every endpoint
 streams whole characters.
+
+A sampled request (service.tracing) gets two phases per prompt once its sequence ends (`generation_phases`):
+`prefill`, from submission to the first token (the wait for a slot, the prefill step and, across processes,
+the hop), and `decode`, from the first token to the last, with the number of tokens, how it finished, and a
+`token` event per later token as the stream received it, up to the `TRACED_TOKENS`th (32; a long output
+would make a span of thousands of events: the count and the span's length tell the rest).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
-from service.exchange import Exchange
+from service.exchange import Attribute, Event, Exchange, Phase
 from service.generation.engine import TokenStreams
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
@@ -96,6 +102,8 @@ class Prepared:
     engine: TokenStreams
     prompt: list[int]
     params: SamplingParams
+    model: str = ""
+    phases: list[Phase] | None = None  # a sampled request's (its exchange's): its generation phases go there
 
 
 def prepare(
@@ -125,7 +133,7 @@ def prepare(
     room = min(window, budget) - len(ids)
     if params.max_new_tokens > room:
         params = SamplingParams(**{**params.__dict__, "max_new_tokens": room})
-    return Prepared(model.generator, ids, params)
+    return Prepared(model.generator, ids, params, model.name, x.phases)
 
 
 def _fit_prompt(ids: list[int], window: int, budget: int, truncate: bool) -> list[int]:
@@ -149,7 +157,8 @@ def _fit_prompt(ids: list[int], window: int, budget: int, truncate: bool) -> lis
 
 
 async def complete(prepared: Prepared) -> Completion:
-    seq, text = await prepared.engine.generate(prepared.prompt, prepared.params)
+    seq, text = await prepared.engine.generate(prepared.prompt, prepared.params, prepared.phases is not None)
+    trace_generation(prepared, seq)
     return Completion(
         generated_text=text,
         tokens=seq.streamed,
@@ -162,18 +171,18 @@ async def open_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[
     """Queue the request and wait for its first tokens, so that a refusal (429, 503) is still a status code
     before any byte is sent; then its events, in the groups the engine's stream interval hands them out in
     (one write each)."""
-    seq = prepared.engine.submit(prepared.prompt, prepared.params)
+    seq = prepared.engine.submit(prepared.prompt, prepared.params, prepared.phases is not None)
     groups = prepared.engine.stream_groups(seq)
     try:
         first = await anext(groups)
     except BaseException:
         await groups.aclose()
         raise
-    return seq, _prepend(first, groups)
+    return seq, _prepend(first, groups, prepared, seq)
 
 
 async def _prepend(
-    first: list[TokenEvent], rest: AsyncGenerator[list[TokenEvent], None]
+    first: list[TokenEvent], rest: AsyncGenerator[list[TokenEvent], None], prepared: Prepared, seq: Sequence
 ) -> AsyncIterator[list[TokenEvent]]:
     try:
         yield first
@@ -181,6 +190,32 @@ async def _prepend(
             yield group
     finally:
         await rest.aclose()
+        trace_generation(prepared, seq)  # the stream ended (or its client left): before the request's spans
+
+
+def trace_generation(prepared: Prepared, seq: Sequence) -> None:
+    """A sampled request's phases of one sequence (see the module's docstring); nothing otherwise."""
+    if prepared.phases is not None:
+        prepared.phases.extend(generation_phases(seq, prepared.model))
+
+
+def generation_phases(seq: Sequence, model: str) -> list[Phase]:
+    """`prefill` and `decode` of a sequence that kept its token times (none before its first token)."""
+    times = seq.token_times
+    if not times:
+        return []
+    first, last = times[0], seq.last_token_at or times[0]
+    events: tuple[Event, ...] = tuple(("token", at, {"index": i}) for i, at in enumerate(times[1:], 1))
+    decode: dict[str, Attribute] = {
+        "model": model,
+        "tokens": seq.streamed,
+        "finish_reason": seq.finish_reason or "aborted",
+        "token_events": len(events),  # at most TRACED_TOKENS - 1: the first token ends the prefill
+    }
+    return [
+        Phase("prefill", seq.arrived_at, first, {"model": model, "prompt_tokens": len(seq.prompt)}),
+        Phase("decode", first, last, decode, events=events),
+    ]
 
 
 # -- Server-Sent Events -----------------------------------------------------------------------------------
