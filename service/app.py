@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,11 +18,12 @@ from service.api.limits import BodyLimitMiddleware
 from service.api.task_lane import ServiceApp
 from service.cascade import Pairs
 from service.exchange import TextLimits
-from service.ipc import Executions
+from service.ipc import Executions, IndexRow
 from service.metrics import Metrics
+from service.model_control import ModelControl
 from service.registry import ModelRegistry
-from service.runtime import EngineFactory, EngineModel, StartupError, ort_engine_factory, ready_models
-from service.served import ServedModel, local_models
+from service.runtime import EngineFactory, StartupError, ort_engine_factory
+from service.served import ServedModel, local_model
 from service.settings import Settings
 from service.startup import StartupClock
 from service.tasks.contract import Collaborators
@@ -40,6 +40,18 @@ class EngineConnection(Protocol):
 
     async def open(self) -> list[ServedModel]: ...
 
+    def watch(self, on_change: Callable[[list[ServedModel]], None]) -> None:
+        """`on_change(models)` runs whenever model control changes the served versions."""
+        ...
+
+    def index(self) -> list[IndexRow]:
+        """Every version in the repository and its state (Triton's repository index)."""
+        ...
+
+    async def control(self, action: str, model: str) -> None:
+        """Load or unload `model` (explicit model control); returns once the change serves."""
+        ...
+
     @property
     def available(self) -> bool: ...
 
@@ -54,23 +66,48 @@ class LocalEngine:
     """The engine in this process: the models are loaded, warmed and batched here (tests, embedding)."""
 
     def __init__(self, settings: Settings, metrics: Metrics, engine_factory: EngineFactory) -> None:
-        self.settings, self.metrics, self.engine_factory = settings, metrics, engine_factory
-        self.models: list[EngineModel] = []
+        self.settings, self.metrics = settings, metrics
+        self.model_control = ModelControl(settings, metrics, engine_factory)
+        self._views: dict[tuple[str, int], ServedModel] = {}
+        self._on_change: Callable[[list[ServedModel]], None] | None = None
 
     async def open(self) -> list[ServedModel]:
-        clock = StartupClock("engine")
-        self.models = await ready_models(self.settings, self.metrics, self.engine_factory, clock)
-        return local_models(self.models, self.settings, self.metrics)
+        await self.model_control.start(StartupClock("engine"))
+        self.model_control.publish = self._publish
+        await self._publish(False)
+        return list(self._views.values())
+
+    async def _publish(self, wait: bool) -> None:
+        """Routing follows the served set at once: one process has nobody to wait for."""
+        models = self.model_control.models
+        keys = [(p.name, p.version) for p in self.model_control.placements()]
+        views = {k: self._views.get(k) or local_model(models[k], self.settings, self.metrics) for k in keys}
+        if views.keys() != self._views.keys():
+            self._views = views
+            if self._on_change is not None:
+                self._on_change(list(views.values()))
+
+    def watch(self, on_change: Callable[[list[ServedModel]], None]) -> None:
+        self._on_change = on_change
+
+    def index(self) -> list[IndexRow]:
+        return self.model_control.index()
+
+    async def control(self, action: str, model: str) -> None:
+        if action == "load":
+            await self.model_control.load(model)
+        else:
+            await self.model_control.unload(model)
 
     @property
     def available(self) -> bool:
         return True
 
     async def executions(self) -> list[Executions]:
-        return [m.executions() for m in self.models]
+        return [m.executions() for m in self.model_control.models.values()]
 
     async def close(self) -> None:
-        await asyncio.gather(*(m.close() for m in self.models))
+        await self.model_control.close()
 
 
 def engine_connection(
@@ -100,9 +137,9 @@ def create_app(
     waits there until its siblings are ready too, so the first burst of connections reaches all of them).
     `grpc`: serve the v2 gRPC service on `settings.grpc_port` too, from then until shutdown (a frontend of
     `python -m service`; an app built in a test binds nothing)."""
-    metrics = Metrics()
-    drain = DrainGate()
     tracing = setup_tracing("frontend")  # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT: on; else None, free
+    metrics = Metrics(tracing=tracing)  # in-process engine batches and gRPC requests find it there
+    drain = DrainGate()
     try:
         api_keys = load_api_keys(settings)
     except ValueError as e:
@@ -116,10 +153,17 @@ def create_app(
         clock = StartupClock("frontend")
         with clock.phase("engine"):  # the core's models (or, in-process, loading them here)
             models = await engine.open()
-        app.state.registry = ModelRegistry(models)
-        pairs = Pairs(app.state.registry, settings, metrics)
         passages = PassageCache(settings.passage_cache, metrics)
-        app.state.collaborators = Collaborators(settings, metrics, app.state.registry, pairs, passages)
+
+        def route_to(models: list[ServedModel]) -> None:
+            """The registry, the pairs and what a request gets, all at once: a request sees one set."""
+            registry = ModelRegistry(models)
+            pairs = Pairs(registry, settings, metrics)
+            app.state.registry = registry
+            app.state.collaborators = Collaborators(settings, metrics, registry, pairs, passages)
+
+        route_to(models)
+        engine.watch(route_to)
         app.state.ready = True
         log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
         clock.report(metrics.startup_seconds)

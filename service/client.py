@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +34,9 @@ from service.generation.engine import Produced, TokenStreams
 from service.generation.sequence import FinishReason
 from service.generation.sequence import Sequence as GenSequence
 from service.metrics import Metrics
+from service.model_control import ModelControlError, ModelRetiredError
 from service.registry import ModelNotFoundError
-from service.repository import ModelVersion, scan_repository
+from service.repository import read_version
 from service.served import Outputs, ServedModel, stream_hooks, text_encoder
 from service.settings import Settings
 from service.tasks.contract import InvalidInputError
@@ -63,6 +64,10 @@ def error_from(failed: ipc.Failed) -> Exception:
         return InvalidInputError(message)
     if kind == "not_found":
         return ModelNotFoundError(message)
+    if kind == "retired":
+        return ModelRetiredError(message)
+    if kind == "control":
+        return ModelControlError(message)
     return EngineError(message)
 
 
@@ -86,8 +91,14 @@ class RemoteEngine:
         self._ids = itertools.count(1)
         self._pending: dict[int, Waiting] = {}
         self._queries: dict[int, asyncio.Future[ipc.EngineStats]] = {}
+        self._controls: dict[int, asyncio.Future[None]] = {}
         self._streams: dict[int, tuple[RemoteGenerator, GenSequence]] = {}
         self._models: asyncio.Future[ipc.Models] | None = None
+        self._views: dict[tuple[str, int], ServedModel] = {}  # what this frontend routes to now
+        self._index: list[ipc.IndexRow] = []
+        self._on_change: Callable[[list[ServedModel]], None] | None = None
+        self._applying = asyncio.Lock()  # model sets are applied one at a time, in order
+        self._appliers: set[asyncio.Task[None]] = set()
         self._core_pid: int | None = None
         self._up = False
         self._connector: asyncio.Task[None] | None = None
@@ -102,10 +113,32 @@ class RemoteEngine:
         self._models = loop.create_future()
         self._connector = loop.create_task(self._keep_connected(), name="engine-core-connection")
         try:
-            return self._served(await asyncio.shield(self._models))
+            message = await asyncio.shield(self._models)
+            self._views = await asyncio.to_thread(self._served, message.models, {})
+            self._index = message.index
+            return list(self._views.values())
         except BaseException:
             self._connector.cancel()
             raise
+
+    def watch(self, on_change: Callable[[list[ServedModel]], None]) -> None:
+        """`on_change(models)` runs when the core serves another set of versions (service.model_control),
+        before the core is told this frontend routes by it."""
+        self._on_change = on_change
+
+    def index(self) -> list[ipc.IndexRow]:
+        return self._index
+
+    async def control(self, action: str, model: str) -> None:
+        """Ask the core to load or unload `model`; returns once every frontend serves the result."""
+        request_id = self.next_id()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._controls[request_id] = future
+        try:
+            self.send(ipc.pack(ipc.Control(request_id, action, model)))
+            await future
+        finally:
+            self._controls.pop(request_id, None)
 
     async def _keep_connected(self) -> None:
         """Connect, say hello, and when the connection ends answer everyone waiting and connect again."""
@@ -136,28 +169,46 @@ class RemoteEngine:
             self._up = False
             self._fail_all(EngineUnavailableError("the engine core went away; retry shortly"))
 
-    def _served(self, models: ipc.Models) -> list[ServedModel]:
-        versions: dict[tuple[str, int], ModelVersion] = {
-            (v.manifest.name, v.manifest.version): v
-            for v in scan_repository(self.settings.model_repository).versions
-        }
-        served = []
-        for placement in models.models:
-            version = versions.get((placement.name, placement.version))
-            if version is None:  # the core loaded what this frontend cannot read: serve the rest
-                log.error(
-                    "%s v%d runs in the engine core but is not in this frontend's repository",
-                    placement.name,
-                    placement.version,
-                )
+    def _served(
+        self, placements: list[ipc.Placement], known: dict[tuple[str, int], ServedModel]
+    ) -> dict[tuple[str, int], ServedModel]:
+        """A view of each placement: the known ones as they are, new ones read from the repository (the
+        core validated every file's checksum; this reads the manifest and the tokenizer)."""
+        served: dict[tuple[str, int], ServedModel] = {}
+        for placement in placements:
+            key = (placement.name, placement.version)
+            if key in known:
+                served[key] = known[key]
+                continue
+            directory = self.settings.model_repository / placement.name / str(placement.version)
+            try:
+                version = read_version(directory, verify_checksums=False)
+            except Exception as e:  # the core loaded what this frontend cannot read: serve the rest
+                log.error("%s v%d runs in the engine core but cannot be read here: %s", *key, e)
                 continue
             view = ServedModel(version, text_encoder(version), placement)
             if version.manifest.generation is not None:
                 view.generator = RemoteGenerator(self, view)
             else:
                 view.encoding = RemoteEncoder(self, placement.name, placement.version)
-            served.append(view)
+            served[key] = view
         return served
+
+    async def _apply(self, message: ipc.Models) -> None:
+        """A model set after the first: new versions' views built off the loop, the routing swapped, then
+        the core told (it waits for that before a dropped version drains)."""
+        async with self._applying:
+            try:
+                views = await asyncio.to_thread(self._served, message.models, self._views)
+                if views.keys() != self._views.keys():
+                    self._views = views
+                    if self._on_change is not None:
+                        self._on_change(list(views.values()))
+                    log.info("serving %s", ", ".join(f"{n} v{v}" for n, v in sorted(views)))
+                self._index = message.index
+            finally:
+                with contextlib.suppress(EngineUnavailableError):
+                    self.send(ipc.pack(ipc.ModelsApplied(message.generation)))
 
     async def executions(self) -> list[ipc.Executions]:
         request_id = self.next_id()
@@ -234,6 +285,9 @@ class RemoteEngine:
             waiting = self._pending.pop(message.id, None)
             if waiting is not None and not waiting.future.done():
                 waiting.future.set_exception(error)
+            control = self._controls.pop(message.id, None)
+            if control is not None and not control.done():
+                control.set_exception(error)
             entry = self._streams.pop(message.id, None)
             if entry is not None:
                 entry[0].fail([entry[1]], error)
@@ -241,6 +295,10 @@ class RemoteEngine:
             query = self._queries.pop(message.id, None)
             if query is not None and not query.done():
                 query.set_result(message)
+        elif isinstance(message, ipc.Controlled):
+            control = self._controls.pop(message.id, None)
+            if control is not None and not control.done():
+                control.set_result(None)
         elif isinstance(message, ipc.Models):
             if self._core_pid is not None and self._core_pid != message.pid:
                 log.warning("the engine core was restarted (pid %d, was %d)", message.pid, self._core_pid)
@@ -248,6 +306,10 @@ class RemoteEngine:
             self._up = True
             if self._models is not None and not self._models.done():
                 self._models.set_result(message)
+            elif self._views:  # a change, or a restarted core's set: applied in order
+                task = asyncio.get_running_loop().create_task(self._apply(message))
+                self._appliers.add(task)
+                task.add_done_callback(self._appliers.discard)
 
     def _tokens(self, message: ipc.Tokens) -> None:
         by_generator: dict[int, tuple[RemoteGenerator, list[Produced]]] = {}
@@ -267,7 +329,12 @@ class RemoteEngine:
     def _fail_all(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         queries, self._queries = self._queries, {}
-        futures: list[asyncio.Future[Any]] = [*(w.future for w in pending.values()), *queries.values()]
+        controls, self._controls = self._controls, {}
+        futures: list[asyncio.Future[Any]] = [
+            *(w.future for w in pending.values()),
+            *queries.values(),
+            *controls.values(),
+        ]
         for future in futures:
             if not future.done():
                 future.set_exception(error)
@@ -285,13 +352,19 @@ class RemoteEncoder:
         self._late_s = engine.settings.worker_timeout_s  # a running engine call is waited for, not forever
 
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
+        self,
+        rows: Sequence[EncodedText],
+        timeout_s: float,
+        timings: list[ItemTiming],
+        shadow: bool = False,
+        traced: bool = False,
     ) -> list[Outputs]:
         engine = self.engine
         request_id = engine.next_id()
         future = engine.expect(request_id, self._hop)
         try:
-            engine.send(ipc.encode_request(request_id, self.model, self.version, timeout_s, rows, shadow))
+            sent = ipc.encode_request(request_id, self.model, self.version, timeout_s, rows, shadow, traced)
+            engine.send(sent)
         except BaseException:
             engine.forget(request_id)
             raise
@@ -312,7 +385,10 @@ class RemoteEncoder:
             late.cancel()
             engine.forget(request_id)
         for queue_s, run_s, batch in zip(message.queue_s, message.run_s, message.batches, strict=True):
-            timings.append(ItemTiming(queue_s, run_s, None if batch < 0 else batch))
+            timings.append(ItemTiming(queue_s, run_s, None if batch < 0 else batch, traced))
+        if message.spans:  # a traced request's: each row's engine call's span, for its link
+            for timing, span in zip(timings[-len(message.spans) :], message.spans, strict=True):
+                timing.batch_span = span
         return ipc.result_rows(message, frames)
 
     @staticmethod

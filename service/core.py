@@ -39,10 +39,12 @@ from service.engine import EngineError
 from service.generation.engine import Produced
 from service.generation.sequence import Sequence as GenSequence
 from service.metrics import Metrics
-from service.runtime import EngineFactory, EngineModel, ready_models
+from service.model_control import ModelControl, ModelControlError, ModelRetiredError
+from service.runtime import EngineFactory, EngineModel
 from service.settings import Settings
 from service.startup import StartupClock
 from service.tokenization import EncodedText
+from service.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ Batcher = MicroBatcher[EncodedText, dict[str, np.ndarray]]
 
 def failure(request_id: int, e: BaseException) -> ipc.Failed:
     """An exception as the frontend re-raises it (service.client.error_from)."""
+    if isinstance(e, ModelRetiredError):
+        return ipc.Failed(request_id, "retired", str(e))
+    if isinstance(e, ModelControlError):
+        return ipc.Failed(request_id, "control", str(e))
     if isinstance(e, QueueFullError):
         return ipc.Failed(request_id, "queue_full", str(e), e.retry_after_s)
     if isinstance(e, DeadlineExceededError):
@@ -86,7 +92,7 @@ class RowsRequest:
         self.core, self.peer, self.message, self.batcher = core, peer, message, batcher
         self.arrived = time.perf_counter()
         self.results: list[dict[str, np.ndarray] | None] = [None] * rows
-        self.timings = [ItemTiming() for _ in range(rows)]
+        self.timings = [ItemTiming(traced=message.traced) for _ in range(rows)]
         self.tickets: list[Ticket[dict[str, np.ndarray]]] = []
         self.left = rows
         self.finished = False
@@ -126,6 +132,7 @@ class RowsRequest:
             [x.run_s or 0.0 for x in t],
             [-1 if x.batch is None else x.batch for x in t],
             time.perf_counter() - self.arrived,
+            [x.batch_span for x in t] if self.message.traced else None,  # the links of a sampled request
         )
         self.core._answered(self.peer, self.message.id, frames)
 
@@ -139,15 +146,49 @@ class RowsRequest:
 class EngineCore:
     """The models of this device behind one Unix socket: frontends' messages in, their answers out."""
 
-    def __init__(self, models: list[EngineModel]) -> None:
-        self.models = {(m.name, m.manifest.version): m for m in models}
+    def __init__(self, control: ModelControl, ack_timeout_s: float = 30.0) -> None:
+        self.control = control
+        self.models = control.models  # the served versions; model control changes them in place
         self._work: dict[tuple[ipc.Channel, int], RowsRequest] = {}  # encoder requests in flight
         self._streams: dict[int, tuple[Stream, GenSequence]] = {}  # generation: core sequence id ->
         self._by_request: dict[tuple[ipc.Channel, int], GenSequence] = {}
-        self._placements = ipc.pack(ipc.Models([m.placement() for m in models], os.getpid()))
-        for model in models:
+        self._generation = 0  # of the model set; each change is the next one
+        self._placements = self._models_message()
+        self._applied: dict[ipc.Channel, int] = {}  # each frontend (said hello): the set it routes by
+        self._acks = asyncio.Event()  # a frontend applied a set, or went away
+        self._ack_timeout_s = ack_timeout_s
+        self._controls: set[asyncio.Task[None]] = set()
+        self._bind_generation()
+        control.publish = self.publish
+
+    def _models_message(self) -> ipc.Frames:
+        c = self.control
+        return ipc.pack(ipc.Models(c.placements(), os.getpid(), self._generation, c.index()))
+
+    def _bind_generation(self) -> None:
+        for model in self.models.values():
             if model.generation is not None:
                 model.generation.bind(self._deliver, self._fail_streams)
+
+    async def publish(self, wait: bool) -> None:
+        """The model set (or only the index) changed: every frontend is told; with `wait`, this returns
+        once each has applied it (or went away, or let `ack_timeout_s` pass: a hung one is replaced by
+        the supervisor), so that no request is still on its way to a version about to drain."""
+        self._bind_generation()
+        self._generation += 1
+        generation, self._placements = self._generation, self._models_message()
+        for peer in list(self._applied):
+            self._send(peer, self._placements)
+        if not wait:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._ack_timeout_s
+        while (late := [p for p, g in self._applied.items() if g < generation]) and loop.time() < deadline:
+            self._acks.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acks.wait(), deadline - loop.time())
+        if late:
+            log.warning("engine core: %d frontend(s) missed model set %d", len(late), generation)
 
     def channel(self) -> ipc.Channel:
         """The protocol of one frontend's connection."""
@@ -169,16 +210,36 @@ class EngineCore:
         elif isinstance(message, ipc.Abort):
             self._abort(peer, message.id)
         elif isinstance(message, ipc.Hello):
+            self._applied[peer] = self._generation  # it routes by what it is sent now
             self._send(peer, self._placements)
+        elif isinstance(message, ipc.ModelsApplied):
+            if peer in self._applied:
+                self._applied[peer] = max(self._applied[peer], message.generation)
+                self._acks.set()
+        elif isinstance(message, ipc.Control):
+            task = asyncio.get_running_loop().create_task(self._control(peer, message))
+            self._controls.add(task)
+            task.add_done_callback(self._controls.discard)
         elif isinstance(message, ipc.StatsQuery):
             stats = ipc.EngineStats(message.id, [m.executions() for m in self.models.values()])
             self._send(peer, ipc.pack(stats))
 
     def _model(self, name: str, version: int) -> EngineModel:
-        model = self.models.get((name, version))
-        if model is None:
-            raise LookupError(f"model {name!r} version {version} is not loaded in the engine core")
-        return model
+        return self.control.get(name, version)  # raises: unknown, or retired since it was chosen
+
+    async def _control(self, peer: ipc.Channel, message: ipc.Control) -> None:
+        """Explicit load or unload; answered once every frontend applied the change."""
+        try:
+            if message.action == "load":
+                await self.control.load(message.model)
+            elif message.action == "unload":
+                await self.control.unload(message.model)
+            else:
+                raise ValueError(f"unknown model control action {message.action!r}")
+        except Exception as e:
+            self._send(peer, ipc.pack(failure(message.id, e)))
+            return
+        self._send(peer, ipc.pack(ipc.Controlled(message.id)))
 
     # -- encoder requests -------------------------------------------------------------------------------
 
@@ -263,6 +324,8 @@ class EngineCore:
             seq.aborted = True
             self._forget(seq)
         self._wake_generation()
+        if self._applied.pop(peer, None) is not None:
+            self._acks.set()  # nobody waits for its word any more
 
     def _wake_generation(self) -> None:
         for model in self.models.values():
@@ -275,7 +338,7 @@ class EngineCore:
 
     async def close(self) -> None:
         """Finish what is queued and running (frontends drain first), then stop every model."""
-        await asyncio.gather(*(m.close() for m in self.models.values()))
+        await self.control.close()
 
 
 async def run_core(
@@ -285,9 +348,10 @@ async def run_core(
     on_tick: Callable[[], None] | None = None,
 ) -> None:
     """Load, warm up, bind, serve until SIGTERM/SIGINT; then finish queued work and stop."""
-    metrics = Metrics()
-    models = await ready_models(settings, metrics, engine_factory, StartupClock("engine-core"))
-    core = EngineCore(models)
+    metrics = Metrics(tracing=setup_tracing("engine-core"))  # on: a span per traced engine batch
+    control = ModelControl(settings, metrics, engine_factory)
+    await control.start(StartupClock("engine-core"))
+    core = EngineCore(control, ack_timeout_s=settings.worker_timeout_s)
     path = ipc.socket_path(settings.engine_address)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a crashed core's socket: the supervisor restarts it on the same address
@@ -308,6 +372,8 @@ async def run_core(
         ticking.cancel()
     server.close()
     await server.wait_closed()
+    if metrics.tracing is not None:
+        metrics.tracing.shutdown()  # the last batches' spans leave
 
 
 async def _tick(on_tick: Callable[[], None]) -> None:

@@ -12,8 +12,10 @@ which a box whose cores run the engine cannot spare, and its routing and reconne
 host, where the kernel already says at once when the other side's process is gone.
 
 Frontend -> core: `Hello` (which models, where), `Encode` (a request's sequences), `Generate`, `Abort`,
-`StatsQuery`. Core -> frontend: `Models`, `Encoded` (one result per sequence), `Tokens` (one step's tokens
-of this frontend's streams), `Failed` (a request's error, by kind), `EngineStats`.
+`StatsQuery`, `ModelsApplied` (a new model set is in use), `Control` (load or unload a model). Core ->
+frontend: `Models` (at hello, and at each change of what is served), `Encoded` (one result per sequence),
+`Tokens` (one step's tokens of this frontend's streams), `Failed` (a request's error, by kind),
+`EngineStats`, `Controlled`.
 """
 
 from __future__ import annotations
@@ -56,9 +58,44 @@ class Placement(msgspec.Struct, array_like=True):
     max_queue: int
 
 
+class IndexRow(msgspec.Struct, array_like=True):
+    """One version in the model repository: READY, LOADING, UNLOADING or UNAVAILABLE (with the reason)."""
+
+    name: str
+    version: int
+    state: str
+    reason: str = ""
+
+
 class Models(msgspec.Struct, tag=True, array_like=True):
+    """What the core serves now. Each change is sent to every frontend with the next `generation`; one that
+    changes what is served waits for each frontend's `ModelsApplied` before a version it drops stops taking
+    work (service.model_control)."""
+
     models: list[Placement]
     pid: int  # the core's process: a frontend that sees it change knows the core was restarted
+    generation: int = 0
+    index: list[IndexRow] = []
+
+
+class ModelsApplied(msgspec.Struct, tag=True, array_like=True):
+    """A frontend routes by `Models` of this generation now."""
+
+    generation: int
+
+
+class Control(msgspec.Struct, tag=True, array_like=True):
+    """Explicit model control: `load` or `unload` a model by name (answered `Controlled` or `Failed`)."""
+
+    id: int
+    action: str
+    model: str
+
+
+class Controlled(msgspec.Struct, tag=True, array_like=True):
+    """The control request is done, and every frontend applied what it changed."""
+
+    id: int
 
 
 class Encode(msgspec.Struct, tag=True, array_like=True):
@@ -70,6 +107,7 @@ class Encode(msgspec.Struct, tag=True, array_like=True):
     timeout_s: float
     lengths: list[int]
     shadow: bool = False  # lowest priority: a teacher checking its student (service.batching)
+    traced: bool = False  # a sampled request's: its engine calls get spans (service.tracing)
 
 
 class Generate(msgspec.Struct, tag=True, array_like=True):
@@ -123,6 +161,7 @@ class Encoded(msgspec.Struct, tag=True, array_like=True):
     run_s: list[float]  # per sequence: its engine call's time
     batches: list[int]  # per sequence: which engine call (a request's sequences may share one)
     core_s: float  # from the request's arrival in the core to this answer: the rest of a round trip is IPC
+    spans: list[str] = []  # per sequence, a traced `Encode`'s only: its engine call's span (service.tracing)
 
 
 class Tokens(msgspec.Struct, tag=True, array_like=True):
@@ -133,7 +172,7 @@ class Tokens(msgspec.Struct, tag=True, array_like=True):
 
 class Failed(msgspec.Struct, tag=True, array_like=True):
     """`kind`: queue_full (429, with retry_after_s), deadline (504), closed (503), invalid (422),
-    not_found (404), engine (500)."""
+    not_found (404), retired (503: the version was unloaded after the request chose it), engine (500)."""
 
     id: int
     kind: str
@@ -141,8 +180,8 @@ class Failed(msgspec.Struct, tag=True, array_like=True):
     retry_after_s: float = 0.0
 
 
-ToCore = Hello | Encode | Generate | Abort | StatsQuery
-ToFrontend = Models | Encoded | Tokens | Failed | EngineStats
+ToCore = Hello | Encode | Generate | Abort | StatsQuery | ModelsApplied | Control
+ToFrontend = Models | Encoded | Tokens | Failed | EngineStats | Controlled
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)
@@ -253,11 +292,12 @@ def encode_request(
     timeout_s: float,
     rows: Sequence[EncodedText],
     shadow: bool = False,
+    traced: bool = False,
 ) -> Frames:
     lengths = [len(r) for r in rows]
     ids = np.concatenate([r.input_ids for r in rows]) if len(rows) > 1 else rows[0].input_ids
     types = np.concatenate([r.type_ids for r in rows]) if len(rows) > 1 else rows[0].type_ids
-    header = Encode(request_id, model, version, timeout_s, lengths, shadow)
+    header = Encode(request_id, model, version, timeout_s, lengths, shadow, traced)
     return pack(header, ids.astype(np.int64, copy=False), types.astype(np.int64, copy=False))
 
 
@@ -279,13 +319,14 @@ def encode_outputs(
     run_s: list[float],
     batches: list[int],
     core_s: float,
+    spans: list[str] | None = None,
 ) -> Frames:
     specs, frames = [], []
     for name in outputs[0]:
         rows = [np.ascontiguousarray(o[name]) for o in outputs]
         specs.append(OutputSpec(name, rows[0].dtype.str, [r.shape for r in rows]))
         frames.append(b"".join(r.tobytes() for r in rows) if len(rows) > 1 else rows[0].tobytes())
-    return pack(Encoded(request_id, specs, queue_s, run_s, batches, core_s), *frames)
+    return pack(Encoded(request_id, specs, queue_s, run_s, batches, core_s, spans or []), *frames)
 
 
 def result_rows(message: Encoded, frames: Sequence[bytes]) -> list[dict[str, np.ndarray]]:

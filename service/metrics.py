@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -13,6 +14,9 @@ from service.batching import BatchStats
 from service.generation.engine import EngineHooks
 from service.generation.runner import StepResult
 from service.generation.scheduler import StepPlan
+
+if TYPE_CHECKING:
+    from service.tracing import Tracing
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -77,10 +81,14 @@ class Metrics:
     scrape of any frontend sums them (`exposition`): counters and histograms add up, gauges are the live
     processes' sum (`livesum`). Engine series (batches, queues, generation steps) come from the core,
     request series from the frontends.
+
+    `tracing`: the process's OpenTelemetry tracing (service.tracing; None when off), the other half of what
+    it reports: handed down with the series, so the engine's batchers find it where they find their own.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, tracing: Tracing | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.tracing = tracing
         r = self.registry
         self.requests = Counter(
             "distilserve_requests",
@@ -185,7 +193,7 @@ class Metrics:
         )
         self.model_info = Gauge(
             "distilserve_model_info",
-            "Served models (value 1): name, version, task, variant, provider.",
+            "Served models (1; 0 once unloaded by model control): name, version, task, variant, provider.",
             ["model", "version", "task", "variant", "provider"],
             multiprocess_mode="livemax",
             registry=r,

@@ -4,7 +4,6 @@ This is what the engine core process holds (service.core); frontends hold `servi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +22,8 @@ from service.ipc import Executions, Placement
 from service.latency_target import planner_for
 from service.manifest import GenerationLayout, Manifest
 from service.metrics import Metrics
-from service.repository import ModelVersion, OfVersion, RepositoryError, scan_repository
+from service.repository import ModelVersion, OfVersion
 from service.settings import Settings
-from service.startup import StartupClock
 from service.stats import ModelStats
 from service.tasks import TASKS
 from service.tokenization import EncodedText, pad_batch
@@ -327,6 +325,8 @@ def load_engine_model(
             on_queue_depth=metrics.for_model(name).queue_depth.set,
             clients=clients,
             planner=planner_for(settings.latency_target_ms),  # one per model: costs differ
+            # tracing on: a span per engine call that carried a sampled request's row (service.tracing)
+            trace_batch=metrics.tracing.batch_tracer(name, manifest.version) if metrics.tracing else None,
         )
     metrics.model_info.labels(name, str(manifest.version), manifest.task, variant, engine.provider).set(1)
     log.info(
@@ -381,61 +381,6 @@ def _faster_decoder(
     )
     chosen = dict(candidates)[timed[0].threads]
     return chosen, plan if timed[0].threads == plan.threads else one
-
-
-def load_engine_models(
-    settings: Settings,
-    metrics: Metrics,
-    engine_factory: EngineFactory,
-    clock: StartupClock | None = None,
-) -> tuple[list[EngineModel], list[str]]:
-    """Every servable version of the repository, and what could not be loaded (one line each).
-
-    Raises StartupError when nothing can be served, or when anything is broken and the repository
-    must be whole (`DISTILSERVE_STRICT_REPOSITORY`)."""
-    clock = clock or StartupClock("engine")
-    with clock.phase("repository"):  # manifests read and validated, every file's checksum
-        scan = scan_repository(settings.model_repository)
-    problems = [str(e) for e in scan.errors]
-    for problem in problems:
-        log.error("skipping a broken model version: %s", problem)
-    if problems and settings.strict_repository:
-        raise StartupError("; ".join(problems))
-    if not scan.versions:
-        found = "; ".join(problems) or "no <name>/<version>/manifest.json found"
-        raise StartupError(f"no servable model in {settings.model_repository}: {found}")
-    models: list[EngineModel] = []
-    clients = ClientWork()  # the models share the cores: shadow work yields to every model's clients
-    for version in scan.versions:
-        try:
-            with clock.phase("sessions"):  # ONNX Runtime sessions (and a decoder's thread timing)
-                models.append(load_engine_model(version, settings, metrics, engine_factory, clients))
-        except (RepositoryError, ValueError) as e:
-            if settings.strict_repository:
-                raise StartupError(str(e)) from e
-            log.error("skipping %s: %s", version.directory, e)
-            problems.append(f"{version.directory}: {e}")
-    if not models:
-        raise StartupError(f"no model in {settings.model_repository} could be loaded")
-    with clock.phase("drafts"):
-        attach_drafts(models, settings)
-    return models, problems
-
-
-async def ready_models(
-    settings: Settings, metrics: Metrics, engine_factory: EngineFactory, clock: StartupClock
-) -> list[EngineModel]:
-    """Every model loaded (off the event loop), warmed up when the settings say so, and started; the clock
-    gets each phase and reports them."""
-    models, _ = await asyncio.to_thread(load_engine_models, settings, metrics, engine_factory, clock)
-    if settings.warmup:
-        with clock.phase("warm-up"):
-            for model in models:
-                await asyncio.to_thread(model.warm_up)
-    for model in models:
-        model.start()
-    clock.report(metrics.startup_seconds)
-    return models
 
 
 def attach_drafts(models: list[EngineModel], settings: Settings) -> None:

@@ -2,7 +2,7 @@
 
 The handle is all the HTTP layer and the task modules (service.tasks) see of the engine:
 `EncoderHandle.run` takes a request's tokenized sequences and gives back each one's outputs; a generator is
-a `TokenStreams`. Behind them sits either the engine in this process (`local_models`: tests, embedding)
+a `TokenStreams`. Behind them sits either the engine in this process (`local_model`: tests, embedding)
 or the engine core process over IPC (service.client). Either way the frontend tokenizes and
 post-processes; the engine only batches and runs.
 """
@@ -31,11 +31,17 @@ Outputs = dict[str, np.ndarray]
 
 class EncoderHandle(Protocol):
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
+        self,
+        rows: Sequence[EncodedText],
+        timeout_s: float,
+        timings: list[ItemTiming],
+        shadow: bool = False,
+        traced: bool = False,
     ) -> list[Outputs]:
         """Every row's outputs, all or none: a 429 or 504 for one leaves none queued. `timings` gets
         one entry per row (queue wait, engine time, which engine call) as they become known. `shadow`:
-        the lowest priority, refused or dropped first under load (service.batching)."""
+        the lowest priority, refused or dropped first under load (service.batching). `traced`: a sampled
+        request's rows, whose engine calls get spans; each row's timing then names its call's span."""
         ...
 
 
@@ -120,32 +126,34 @@ class LocalEncoder:
         self.batcher = batcher
 
     async def run(
-        self, rows: Sequence[EncodedText], timeout_s: float, timings: list[ItemTiming], shadow: bool = False
+        self,
+        rows: Sequence[EncodedText],
+        timeout_s: float,
+        timings: list[ItemTiming],
+        shadow: bool = False,
+        traced: bool = False,
     ) -> list[Outputs]:
         if len(rows) == 1:  # the common case: no task per row
-            timings.append(ItemTiming())
+            timings.append(ItemTiming(traced=traced))
             return [await self.batcher.submit(rows[0], timeout_s, timings[-1], shadow)]
         self.batcher.check_room(len(rows))  # QueueTooSmallError, QueueFullError: before anything queues
-        timings.extend(ItemTiming() for _ in rows)
+        timings.extend(ItemTiming(traced=traced) for _ in rows)
         return await all_or_none(
             self.batcher.submit(row, timeout_s, timing, shadow)
             for row, timing in zip(rows, timings[-len(rows) :], strict=True)
         )
 
 
-def local_models(models: list[EngineModel], settings: Settings, metrics: Metrics) -> list[ServedModel]:
-    """Frontend views on engine models loaded in this process; the engine's statistics are shared."""
-    served = []
-    for model in models:
-        view = ServedModel(model.version, text_encoder(model.version), model.placement(), stats=model.stats)
-        if model.batcher is not None:
-            view.encoding = LocalEncoder(model.batcher)
-        if model.generation is not None:
-            view.generator = GenerationEngine.around(
-                model.generation,
-                view.encoder.text_stream,
-                stream_hooks(metrics, model.name),
-                settings.gen_stream_interval_ms / 1000.0,
-            )
-        served.append(view)
-    return served
+def local_model(model: EngineModel, settings: Settings, metrics: Metrics) -> ServedModel:
+    """A frontend view on an engine model loaded in this process; the engine's statistics are shared."""
+    view = ServedModel(model.version, text_encoder(model.version), model.placement(), stats=model.stats)
+    if model.batcher is not None:
+        view.encoding = LocalEncoder(model.batcher)
+    if model.generation is not None:
+        view.generator = GenerationEngine.around(
+            model.generation,
+            view.encoder.text_stream,
+            stream_hooks(metrics, model.name),
+            settings.gen_stream_interval_ms / 1000.0,
+        )
+    return view

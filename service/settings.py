@@ -148,6 +148,18 @@ class Settings(BaseSettings):
     max_client_batch: int = Field(64, ge=1, description="Most inputs in one HTTP request.")
     warmup: bool = Field(True, description="Run the engine over the batch shapes before /ready turns 200.")
     strict_repository: bool = Field(False, description="Fail start-up if any model version is broken.")
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        "none",
+        description="What may change the served models without a restart. none: every version in the "
+        "repository at start-up, until the next start. poll: the repository is re-read every "
+        "repository_poll_s; each model serves its highest valid version, a new one is validated, loaded and "
+        "warmed before it takes the traffic, and a superseded or removed one drains, then is unloaded. "
+        "explicit: as poll, but only when /v2/repository/models/{name}/load or unload (or gRPC's "
+        "RepositoryModelLoad/Unload) asks, behind the API key when keys are set.",
+    )
+    repository_poll_s: float = Field(
+        15.0, gt=0, description="With model_control=poll: seconds between two reads of the repository."
+    )
     max_body_bytes: int = Field(
         1024 * 1024, ge=1, description="Largest request body in bytes; a bigger one gets 413 unread."
     )

@@ -15,6 +15,7 @@ from service.batching import BatcherClosedError, DeadlineExceededError, QueueFul
 from service.engine import EngineError
 from service.exchange import exchange_of
 from service.ipc import EngineUnavailableError
+from service.model_control import ModelControlError
 from service.registry import AmbiguousModelError, ModelNotFoundError, WrongTaskError
 from service.tasks.contract import InvalidInputError
 
@@ -52,6 +53,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     WrongTaskError: (422, "validation"),
     AmbiguousModelError: (422, "validation"),
     ModelNotFoundError: (404, "not_found"),
+    ModelControlError: (400, "model_control"),
     UnsupportedMediaTypeError: (415, "unsupported_media_type"),
     PayloadTooLargeError: (413, "too_large"),
     UnauthorizedError: (401, "unauthorized"),

@@ -16,12 +16,13 @@ share HTTP's. An RPC is read into /v2's envelope and runs /v2's code (`v2.v2_job
 - keys: `authorization: Bearer <key>` metadata, as HTTP's header; ServerLive and ServerReady stay open, as
   /v2/health/* do.
 - model config, repository index and statistics: Triton's messages, made from what /v2 answers in JSON.
-  Load and unload are refused as over HTTP; streaming, shared memory, trace and log settings answer
-  UNIMPLEMENTED.
+  Load and unload as over HTTP (service.model_control); streaming, shared memory, trace and log settings
+  answer UNIMPLEMENTED.
 
 ModelInfer counts in the request metrics and model statistics under /v2's HTTP status, and drains with
 HTTP's requests (SIGTERM: new ones get UNAVAILABLE, admitted ones finish); every RPC writes an access line
-(method POST, path /inference.GRPCInferenceService/<Method>, as HTTP/2 carries it).
+(method POST, path /inference.GRPCInferenceService/<Method>, as HTTP/2 carries it) and, tracing on, a server
+span of that name with an HTTP request's phases (service.tracing; a `traceparent` in its metadata honoured).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from google.protobuf import json_format
 from starlette.datastructures import Headers
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service.api.access import access_fields, access_log, record_request, request_id_from
+from service.api.access import access_fields, access_log, record_request, request_id_from, request_phases
 from service.api.auth import bearer_of, digests, refusal
 from service.api.drain import DrainGate
 from service.api.errors import ShuttingDownError
-from service.api.grpc_v2_wire import Code, grpc_status, infer_response, read_request
+from service.api.grpc_v2_wire import STATUS_CODES, Code, grpc_status, infer_response, read_request
 from service.api.v2 import (
     EXTENSIONS,
     as_classifications,
@@ -53,7 +54,7 @@ from service.api.v2 import (
     v2_job,
     versions_of,
 )
-from service.api.v2_extensions import fixed_repository, index_of, model_config, stats_of
+from service.api.v2_extensions import index_of, model_config, stats_of
 from service.api.v2_schemas import TensorError
 from service.exchange import Exchange, TextLimits
 from service.metrics import Metrics
@@ -61,6 +62,7 @@ from service.registry import ModelNotFoundError
 from service.runtime import StartupError
 from service.settings import Settings
 from service.tasks import TASKS
+from service.tracing import Tracing, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state = app.state
         self.version = app.version
         self.metrics: Metrics = app.state.metrics
+        self.tracing: Tracing | None = self.metrics.tracing  # None: off
         self.gate: DrainGate = app.state.drain
         self.limits = TextLimits(max_chars=settings.max_text_chars, truncation=settings.truncation)
         self.digests = digests(keys) if keys else None
@@ -126,16 +129,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._answer("ModelStatistics", context, lambda x: self._statistics(request))
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        return await self._answer("RepositoryIndex", context, lambda x: _reply(self._index()))
+        return await self._answer("RepositoryIndex", context, lambda x: _reply(self._index(request)))
 
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         return await self._answer(
-            "RepositoryModelLoad", context, lambda x: _fixed("load", request.model_name)
+            "RepositoryModelLoad", context, lambda x: self._control("load", request.model_name)
         )
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         return await self._answer(
-            "RepositoryModelUnload", context, lambda x: _fixed("unload", request.model_name)
+            "RepositoryModelUnload", context, lambda x: self._control("unload", request.model_name)
         )
 
     # -- what the RPCs do
@@ -194,12 +197,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         stats = await stats_of(self.state.engine, models)
         return json_format.ParseDict(stats.model_dump(), service_pb2.ModelStatisticsResponse())
 
-    def _index(self) -> Any:
+    def _index(self, request: Any) -> Any:
+        loaded(self.state)  # 503 while starting
         entry = service_pb2.RepositoryIndexResponse.ModelIndex
-        index = index_of(loaded(self.state))
+        index = index_of(self.state.engine, request.ready)
         return service_pb2.RepositoryIndexResponse(
-            models=[entry(name=e.name, version=e.version, state=e.state) for e in index]
+            models=[entry(name=e.name, version=e.version, state=e.state, reason=e.reason) for e in index]
         )
+
+    async def _control(self, action: str, name: str) -> Any:
+        """Load or unload as /v2 does (explicit model control), the same errors as gRPC codes."""
+        loaded(self.state)
+        await self.state.engine.control(action, name)
+        if action == "load":
+            return service_pb2.RepositoryModelLoadResponse()
+        return service_pb2.RepositoryModelUnloadResponse()
 
     # -- what every RPC shares: keys, drain, errors, metrics, the access line
 
@@ -216,6 +228,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         x = Exchange(request_id=request_id_from(Headers(metadata)), limits=self.limits)
         arrived, started = datetime.now(UTC), time.perf_counter()
+        span = self._span(method, metadata, x, started)
         status: int | None = None
         admitted = False
         failure: tuple[int, Any, tuple[tuple[str, str], ...], str] | None = None
@@ -249,7 +262,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if work:
                 self.metrics.in_flight.dec()
                 record_request(self.metrics, x, status, elapsed)
-            self._log(method, context, x, status, arrived, elapsed)
+            trace_id = self._trace(span, method, x, status, started + elapsed)
+            self._log(method, context, x, status, arrived, elapsed, trace_id)
         _, code, extra, message = failure
         await context.abort(code, message, trailing_metadata=((REQUEST_ID, x.request_id), *extra))
         raise AssertionError("context.abort always raises")  # pragma: no cover
@@ -267,15 +281,52 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             log.error("gRPC %s failed (request %s): %s", method, x.request_id, exc)
         return status, code, extra, str(exc)
 
+    def _span(self, method: str, metadata: dict[str, str], x: Exchange, started: float) -> Any:
+        """Tracing on: the RPC's server span (a `traceparent` in its metadata is its parent), and a sampled
+        one records its phases as an HTTP request's do (service.tracing)."""
+        if self.tracing is None:
+            return None
+        span = self.tracing.start(f"{SERVICE}/{method}", metadata, started)
+        if span.is_recording():
+            x.phases = []
+        return span
+
+    def _trace(self, span: Any, method: str, x: Exchange, status: int | None, ended: float) -> str | None:
+        """The RPC's spans, as service.api.access writes an HTTP request's; its trace id."""
+        if span is None or self.tracing is None:
+            return None
+        code = Code.OK if status == 200 else STATUS_CODES.get(status or 500, Code.UNKNOWN)
+        attributes = {
+            "rpc.system": "grpc",
+            "rpc.service": SERVICE,
+            "rpc.method": method,
+            "rpc.grpc.status_code": code.value[0],
+            "distilserve.status": status,  # /v2's HTTP status of the answer
+            "distilserve.request_id": x.request_id,
+            "distilserve.model": x.model or None,
+            "distilserve.task": x.task or None,
+            "distilserve.answered_by": ", ".join(x.answered_by) or None,
+        }
+        self.tracing.finish(span, request_phases(x, ended), attributes, ended)
+        return trace_id_of(span)
+
     @staticmethod
     def _log(
-        method: str, context: Any, x: Exchange, status: int | None, arrived: datetime, elapsed: float
+        method: str,
+        context: Any,
+        x: Exchange,
+        status: int | None,
+        arrived: datetime,
+        elapsed: float,
+        trace_id: str | None = None,
     ) -> None:
         if not access_log.isEnabledFor(logging.INFO):  # the fields cost more than the check
             return
         scope = {"method": "POST", "path": f"/{SERVICE}/{method}"}
         fields = access_fields(scope, x, status, arrived, elapsed)
         fields["client"] = context.peer()
+        if trace_id is not None:
+            fields["trace_id"] = trace_id
         access_log.info("%s %s %s", "POST", scope["path"], status, extra={"access": fields})
 
 
@@ -285,10 +336,6 @@ async def _reply(message: T) -> T:
 
 async def _live() -> Any:
     return service_pb2.ServerLiveResponse(live=True)
-
-
-async def _fixed(action: str, name: str) -> Any:
-    raise TensorError(fixed_repository(action, name))
 
 
 # -- the server -----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Triton's model configuration, model repository (index only) and statistics extensions, in Triton's JSON.
+"""Triton's model configuration, model repository and statistics extensions, in Triton's JSON.
 
 What `tritonclient.http`'s `get_model_config`, `get_model_repository_index` and `get_inference_statistics`
 read, each derived from what is loaded, never from a config file: distilserve has none.
@@ -6,11 +6,13 @@ read, each derived from what is loaded, never from a config file: distilserve ha
 - Configuration: the v2 interface of `model_metadata` as Triton's `input`/`output` (dims without the batch
   axis: `max_batch_size` > 0 says the first axis is the batch), `max_batch_size` = the per-request cap
   (DISTILSERVE_MAX_CLIENT_BATCH), one instance group of the model's engine calls (`count`) on its
-  provider (`kind`), the micro-batcher's extra wait as `max_queue_delay_microseconds`, and `version_policy`
-  `all`: every version in the repository is served. An engine call may batch more sequences than one
-  request holds (several requests' texts, QA's windows): `parameters.engine_max_batch_size` caps those.
-- Repository index: every served version, READY. The repository is fixed at start-up: load and unload
-  answer 400 saying so.
+  provider (`kind`), the micro-batcher's extra wait as `max_queue_delay_microseconds`, and `version_policy`:
+  `all` under DISTILSERVE_MODEL_CONTROL=none (every version in the repository is served), `latest` (1)
+  under poll and explicit. An engine call may batch more sequences than one request holds (several
+  requests' texts, QA's windows): `parameters.engine_max_batch_size` caps those.
+- Repository: the index lists every version in the repository with its state (READY, LOADING, UNLOADING,
+  UNAVAILABLE and the reason: broken, superseded, unloaded). Load and unload (service.model_control) under
+  DISTILSERVE_MODEL_CONTROL=explicit; otherwise they answer 400 saying why.
 - Statistics: `service.stats`, per request (every protocol) and per engine call, this process's only.
   Triton's shape; counts of queue and compute are the success count, as Triton's. compute_input is
   tokenization; compute_infer the engine calls a request took part in (padding the batch and slicing
@@ -30,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from service.api.v2 import PLATFORM, find_model, model_metadata, served, v2_router
 from service.api.v2_schemas import TensorError, TensorMetadata, describe_validation
 from service.engine import CUDA
-from service.ipc import Executions
+from service.ipc import Executions, IndexRow
 from service.served import ServedModel
 from service.settings import Settings
 from service.stats import Duration, ModelStats
@@ -108,7 +110,7 @@ def model_config(model: ServedModel, settings: Settings) -> ModelConfig:
         name=model.name,
         platform=PLATFORM,
         backend=BACKEND,
-        version_policy={"all": {}},
+        version_policy={"all": {}} if settings.model_control == "none" else {"latest": {"num_versions": 1}},
         max_batch_size=settings.max_client_batch,
         input=[_config_tensor(t) for t in metadata.inputs],
         output=[_config_tensor(t) for t in metadata.outputs],
@@ -236,7 +238,8 @@ class IndexRequest(BaseModel):
 class IndexEntry(BaseModel):
     name: str
     version: str
-    state: Literal["READY"]
+    state: Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
+    reason: str = ""
 
 
 def _index_request(body: bytes) -> IndexRequest:
@@ -307,37 +310,43 @@ async def get_model_version_config(
 @router.post(
     "/repository/index",
     response_model=list[IndexEntry],
-    summary='Every served model version, READY; the body may be empty or {"ready": true}.',
+    summary="Every model version in the repository and its state (READY, LOADING, UNLOADING, UNAVAILABLE "
+    'with the reason); the body may be empty or {"ready": true} (READY ones only).',
 )
 async def repository_index(request: Request, c: Collaborators = Depends(served)) -> list[IndexEntry]:
-    _index_request(await request.body())  # validated; `ready` filters nothing: all are ready
-    return index_of(c)
+    ready = _index_request(await request.body()).ready
+    return index_of(request.app.state.engine, ready)
 
 
-def index_of(c: Collaborators) -> list[IndexEntry]:
-    """Every served version, READY (what start-up could not load is not served)."""
-    return [IndexEntry(name=m.name, version=str(m.manifest.version), state="READY") for m in c.registry.all()]
+class Indexed(Protocol):
+    def index(self) -> list[IndexRow]: ...
 
 
-def fixed_repository(action: str, name: str) -> str:
-    """Why load and unload are refused (HTTP 400; gRPC INVALID_ARGUMENT)."""
-    return (
-        f"cannot {action} {name!r}: the model repository is fixed at start-up (every version under "
-        "DISTILSERVE_MODEL_REPOSITORY is loaded then); restart the server to change what it serves"
-    )
-
-
-def _fixed(action: str, name: str) -> JSONResponse:
-    return JSONResponse({"error": fixed_repository(action, name)}, status_code=400)
-
-
-@router.post("/repository/models/{name}/load", summary="Not supported: the repository is fixed at start-up.")
-async def load_model(name: str) -> JSONResponse:
-    return _fixed("load", name)
+def index_of(engine: Indexed, ready_only: bool = False) -> list[IndexEntry]:
+    rows = engine.index()
+    return [
+        IndexEntry(name=r.name, version=str(r.version), state=r.state, reason=r.reason)  # type: ignore[arg-type]
+        for r in rows
+        if r.state == "READY" or not ready_only
+    ]
 
 
 @router.post(
-    "/repository/models/{name}/unload", summary="Not supported: the repository is fixed at start-up."
+    "/repository/models/{name}/load",
+    summary="Load a model's highest valid version (DISTILSERVE_MODEL_CONTROL=explicit); it takes the "
+    "traffic once validated and warm, the version it supersedes drains and is unloaded.",
 )
-async def unload_model(name: str) -> JSONResponse:
-    return _fixed("unload", name)
+async def load_model(name: str, request: Request, c: Collaborators = Depends(served)) -> JSONResponse:
+    """Errors (service.model_control): 400 when the mode or the version refuses it, 404 for a model the
+    repository does not hold, 503 while the engine is away."""
+    await request.app.state.engine.control("load", name)
+    return JSONResponse({})
+
+
+@router.post(
+    "/repository/models/{name}/unload",
+    summary="Drain and unload every version of a model (DISTILSERVE_MODEL_CONTROL=explicit).",
+)
+async def unload_model(name: str, request: Request, c: Collaborators = Depends(served)) -> JSONResponse:
+    await request.app.state.engine.control("unload", name)
+    return JSONResponse({})

@@ -7,10 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -24,15 +25,34 @@ def free_port() -> int:
 
 @dataclass
 class LiveServer:
+    """The server's output is read as it comes: a pipe nobody reads fills up (64 KiB of access lines under
+    load) and then every log write in the server blocks."""
+
     base_url: str
     process: subprocess.Popen[str]
-    output: str = ""
+    _lines: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    def read_output(self) -> None:
+        def read() -> None:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                self._lines.append(line)
+
+        self._reader = threading.Thread(target=read, name="live-server-output", daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self._lines)
 
     def stop(self) -> int:
         """SIGTERM, then wait: the exit code (uvicorn re-raises the signal after a graceful shutdown)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        self.output, _ = self.process.communicate(timeout=60)
+        self.process.wait(timeout=60)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
         return self.process.returncode
 
 
@@ -50,13 +70,13 @@ def live_server(
         text=True,
     )
     server = LiveServer(f"http://127.0.0.1:{port}", process)
+    server.read_output()
     try:
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if process.poll() is not None:
-                raise RuntimeError(
-                    f"the server exited early:\n{process.stdout.read() if process.stdout else ''}"
-                )
+                server.stop()
+                raise RuntimeError(f"the server exited early:\n{server.output}")
             try:
                 if httpx.get(f"{server.base_url}/ready", timeout=1).status_code == 200:
                     break

@@ -16,7 +16,7 @@ from service.api.v2_extensions import model_config
 from service.metrics import Metrics
 from service.repository import scan_repository
 from service.runtime import load_engine_model, ort_engine_factory
-from service.served import local_models
+from service.served import local_model
 from service.settings import Settings
 from tests.service.v2.helpers import (
     CLS,
@@ -66,7 +66,7 @@ def test_model_config_follows_the_settings(tiny_repository: Path) -> None:
     (version,) = [v for v in scan_repository(tiny_repository).versions if v.name == CLS]
     engine_model = load_engine_model(version, settings, Metrics(), ort_engine_factory)
     try:
-        (model,) = local_models([engine_model], settings, Metrics())
+        model = local_model(engine_model, settings, Metrics())
         config = model_config(model, settings)
     finally:
         engine_model.executor.shutdown()
