@@ -112,7 +112,9 @@ def numpy_top(client: TestClient, question: str, passages: list[str], k: int) ->
     vectors = served_embeddings(client, [question, *passages])
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     scores = unit[1:] @ unit[0]
-    assert len(set(np.round(scores, 4))) == len(scores)  # no near ties: the order is the model's
+    # no near ties: the order is the model's. (Not by rounding: two scores 7e-5 apart either side of a
+    # rounding boundary made it flaky; how a batch is split and padded moves a cosine by ~1e-5.)
+    assert np.diff(np.sort(scores)).min() > 3e-5
     return [int(i) for i in np.argsort(-scores)[:k]]
 
 
