@@ -33,11 +33,12 @@ from service.engine import EngineError
 from service.generation.engine import Produced, TokenStreams
 from service.generation.sequence import FinishReason
 from service.generation.sequence import Sequence as GenSequence
+from service.manifest import Manifest
 from service.metrics import Metrics
 from service.model_control import ModelControlError, ModelRetiredError
 from service.registry import ModelNotFoundError
 from service.repository import read_version
-from service.served import Outputs, ServedModel, stream_hooks, text_encoder
+from service.served import Outputs, ServedModel, same_interface, stream_hooks, text_encoder
 from service.settings import Settings
 from service.tasks.contract import InvalidInputError
 from service.tokenization import EncodedText
@@ -129,6 +130,15 @@ class RemoteEngine:
     def index(self) -> list[ipc.IndexRow]:
         return self._index
 
+    def successor(self, manifest: Manifest) -> ServedModel | None:
+        """The highest served version of the same model that a request made for `manifest` can run on."""
+        newer = [
+            v
+            for (name, version), v in self._views.items()
+            if name == manifest.name and version > manifest.version and same_interface(manifest, v.manifest)
+        ]
+        return max(newer, key=lambda v: v.manifest.version, default=None)
+
     async def control(self, action: str, model: str) -> None:
         """Ask the core to load or unload `model`; returns once every frontend serves the result."""
         request_id = self.next_id()
@@ -190,7 +200,7 @@ class RemoteEngine:
             if version.manifest.generation is not None:
                 view.generator = RemoteGenerator(self, view)
             else:
-                view.encoding = RemoteEncoder(self, placement.name, placement.version)
+                view.encoding = RemoteEncoder(self, version.manifest)
             served[key] = view
         return served
 
@@ -346,9 +356,10 @@ class RemoteEngine:
 class RemoteEncoder:
     """An encoder model in the core: a request's rows go in one message and come back in one."""
 
-    def __init__(self, engine: RemoteEngine, model: str, version: int) -> None:
-        self.engine, self.model, self.version = engine, model, version
-        self._hop = engine.metrics.ipc_duration.labels(model)
+    def __init__(self, engine: RemoteEngine, manifest: Manifest) -> None:
+        self.engine, self.manifest = engine, manifest
+        self.model, self.version = manifest.name, manifest.version
+        self._hop = engine.metrics.ipc_duration.labels(self.model)
         self._late_s = engine.settings.worker_timeout_s  # a running engine call is waited for, not forever
 
     async def run(
@@ -358,6 +369,25 @@ class RemoteEncoder:
         timings: list[ItemTiming],
         shadow: bool = False,
         traced: bool = False,
+    ) -> list[Outputs]:
+        try:
+            return await self._run(rows, timeout_s, timings, shadow, traced)
+        except ModelRetiredError:
+            # Unloaded since this request chose it (it chose another model in between: a cascade's teacher,
+            # a reader after its embedder): the version now served in its place answers, when the request's
+            # tokens and outputs mean the same to it; else 503, and the client's retry finds it.
+            successor = self.engine.successor(self.manifest)
+            if successor is None or successor.encoding is None:
+                raise
+            return await successor.encoding.run(rows, timeout_s, timings, shadow, traced)
+
+    async def _run(
+        self,
+        rows: Sequence[EncodedText],
+        timeout_s: float,
+        timings: list[ItemTiming],
+        shadow: bool,
+        traced: bool,
     ) -> list[Outputs]:
         engine = self.engine
         request_id = engine.next_id()

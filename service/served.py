@@ -18,6 +18,7 @@ import numpy as np
 from service.batching import ItemTiming, MicroBatcher, all_or_none
 from service.generation.engine import EngineHooks, GenerationEngine, TokenStreams
 from service.ipc import Placement
+from service.manifest import Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion
 from service.runtime import EngineModel, EnginePlan
@@ -101,6 +102,18 @@ class ServedModel(OfVersion):
             "chat": self.can_chat,
             "embedding": m.embedding.model_dump() if m.embedding else None,
         }
+
+
+def same_interface(a: Manifest, b: Manifest) -> bool:
+    """Whether a request tokenized for `a`, and post-processed as `a`'s answer, can be run by `b` (a new
+    version of a model, retrained: the same tokenizer, labels, task, window and outputs)."""
+    return (
+        a.task == b.task
+        and a.tokenizer.sha256 == b.tokenizer.sha256
+        and a.labels == b.labels
+        and a.max_sequence_length == b.max_sequence_length
+        and a.outputs == b.outputs
+    )
 
 
 def text_encoder(version: ModelVersion) -> TextEncoder:

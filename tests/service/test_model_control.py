@@ -12,8 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from service.client import RemoteEncoder, RemoteEngine
+from service.engine import Engine, EngineError
+from service.ipc import Placement
+from service.metrics import Metrics
+from service.model_control import ModelRetiredError
+from service.repository import ModelVersion, read_version
+from service.runtime import ort_engine_factory
+from service.served import ServedModel, text_encoder
 from service.settings import Settings
 from tests.service.test_app import serve
 
@@ -55,9 +64,11 @@ def control_settings(repository: Path, mode: str) -> Settings:
     return Settings(model_repository=repository, model_control=mode, repository_poll_s=0.1, device="cpu")  # type: ignore[arg-type]
 
 
-def run(settings: Settings, body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
+def run(
+    settings: Settings, body: Callable[[httpx.AsyncClient], Awaitable[Any]], engine_factory: Any = None
+) -> Any:
     async def main() -> Any:
-        async for client in serve(settings):
+        async for client in serve(settings, engine_factory or ort_engine_factory):
             return await body(client)
 
     return asyncio.run(main())
@@ -218,3 +229,83 @@ def test_none_serves_every_version_and_lists_broken_ones(repository: Path) -> No
         assert await answering_version(client) == "2"
 
     run(control_settings(repository, "none"), body)
+
+
+class FailsToRun:
+    """A session that loads but whose every run fails: what a broken graph or device looks like at warm-up."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def provider(self) -> str:
+        return self.engine.provider
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.engine.input_names
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise EngineError("the device went away")
+
+
+def test_a_version_that_fails_its_warm_up_never_takes_traffic(repository: Path) -> None:
+    def factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
+        engine = ort_engine_factory(version, variant, settings)
+        return FailsToRun(engine) if version.version == 2 else engine
+
+    async def body(client: httpx.AsyncClient) -> None:
+        add_version(repository, CLS, 2)
+
+        async def reported() -> bool:
+            row = (await index(client)).get((CLS, "2"))
+            return row is not None and row["state"] == "UNAVAILABLE"
+
+        await until(reported)
+        row = (await index(client))[(CLS, "2")]
+        assert "warm-up failed: the device went away" in row["reason"], row
+        assert await answering_version(client) == "1"
+
+    run(control_settings(repository, "poll"), body, factory)
+
+
+def test_a_request_sent_to_a_retired_version_is_answered_by_its_compatible_successor(
+    repository: Path,
+) -> None:
+    """A request that chose v1, then reached the core after v1 was unloaded (a cascade's teacher chosen before
+    its student answered): v2, the same tokenizer, labels and outputs, answers it; a v2 with other labels
+    cannot, and the request gets the 503 whose retry finds v2."""
+    add_version(repository, CLS, 2)
+    engine = RemoteEngine(
+        Settings(model_repository=repository, engine_address="unix:/nonexistent"), Metrics()
+    )
+    sent: list[tuple[str, int]] = []
+
+    def view(version: int) -> ServedModel:
+        served = read_version(repository / CLS / str(version))
+        placement = Placement(CLS, version, "fp32", "cpu", 1, 1, 8)
+        model = ServedModel(served, text_encoder(served), placement)
+        encoder = RemoteEncoder(engine, served.manifest)
+
+        async def answer(*args: Any) -> Any:
+            sent.append((CLS, version))
+            if version == 1:
+                raise ModelRetiredError("model 'tiny-cls' version 1 was unloaded; retry")
+            return [{"logits": np.zeros(2)}]
+
+        encoder._run = answer  # type: ignore[method-assign]  # the core's answer, without a core
+        model.encoding = encoder
+        return model
+
+    old, new = view(1), view(2)
+    engine._views = {(CLS, 2): new}  # the frontend routes to v2 now
+    assert old.encoding is not None
+    answered = asyncio.run(old.encoding.run([], 1.0, []))
+    assert sent == [(CLS, 1), (CLS, 2)] and len(answered) == 1
+
+    relabelled = new.manifest.model_copy(update={"labels": {0: "no", 1: "yes"}})
+    new.version = new.version.__class__(manifest=relabelled, directory=new.version.directory)
+    sent.clear()
+    with pytest.raises(ModelRetiredError):
+        asyncio.run(old.encoding.run([], 1.0, []))
+    assert sent == [(CLS, 1)]
