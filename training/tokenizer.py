@@ -33,9 +33,7 @@ def train_wordpiece(
 ) -> BertTokenizerFast:
     """Learn a WordPiece vocabulary (at most `vocab_size` entries) with BERT's normaliser and templates."""
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
-    )
+    tokenizer.normalizer = _bert_normalizer(lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
@@ -44,8 +42,22 @@ def train_wordpiece(
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    learnt = tokenizer.get_vocab()
+    return wordpiece_tokenizer(sorted(learnt, key=learnt.__getitem__), lowercase)
+
+
+def wordpiece_tokenizer(vocabulary: list[str], lowercase: bool = True) -> BertTokenizerFast:
+    """BERT's WordPiece tokenizer over a given vocabulary (ids in its order; the special tokens first):
+    what `train_wordpiece` learns, or a fixed vocabulary where the same ids are needed on every run."""
     for token_id, token in enumerate(SPECIAL_TOKENS):
-        assert tokenizer.token_to_id(token) == token_id, f"{token} must have id {token_id}"
+        assert vocabulary[token_id] == token, f"{token} must have id {token_id}"
+    vocab = {token: i for i, token in enumerate(vocabulary)}
+    model = models.WordPiece(
+        vocab, unk_token="[UNK]", max_input_chars_per_word=100, continuing_subword_prefix="##"
+    )
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = _bert_normalizer(lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.BertProcessing(
         sep=("[SEP]", SPECIAL_TOKENS.index("[SEP]")), cls=("[CLS]", SPECIAL_TOKENS.index("[CLS]"))
     )
@@ -60,6 +72,12 @@ def train_wordpiece(
         pad_token="[PAD]",
         cls_token="[CLS]",
         mask_token="[MASK]",
+    )
+
+
+def _bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
     )
 
 

@@ -6,7 +6,9 @@ parity gate judges rows by cosine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+import string
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ from export.parity import BOUNDS, ParityReport, compare
 from service.manifest import EmbeddingSpec, Manifest
 from tests.tiny_models import CORPUS, tiny_bert_settings
 from training.embeddings import Pooling, SentenceEncoder, encode
-from training.tokenizer import save_tokenizer, train_wordpiece
+from training.tokenizer import SPECIAL_TOKENS, save_tokenizer, wordpiece_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,12 +46,21 @@ TEXTS = [
 WINDOW = 32  # the SentenceEncoder's max_length: below the 64 positions, so the export must keep it
 
 
+def fixed_vocabulary(texts: Iterable[str]) -> list[str]:
+    """Every word of the texts, every letter and digit alone and as a ##piece: the same ids on every run
+    (the WordPiece trainer breaks ties in hash order, so a learnt vocabulary, and with it every embedding,
+    differed from process to process, and the retrieval tests' rankings with it)."""
+    words = sorted({w for text in texts for w in re.findall(r"\w+|[^\w\s]", text.lower())})
+    chars = sorted(string.ascii_lowercase + string.digits)
+    return list(dict.fromkeys([*SPECIAL_TOKENS, *words, *chars, *(f"##{c}" for c in chars)]))
+
+
 def build_sentence_model(
     out: Path, pooling: Pooling = Pooling(), projection: int | None = None, seed: int = 0
 ) -> Path:
     """A 2-layer BertModel with a WordPiece tokenizer, saved by SentenceEncoder.save (modules.json,
     1_Pooling, [2_Dense], [Normalize]); `projection`: a Dense layer to that width."""
-    tokenizer = train_wordpiece(CORPUS, vocab_size=300)
+    tokenizer = wordpiece_tokenizer(fixed_vocabulary(CORPUS))
     torch.manual_seed(seed)
     backbone = BertModel(BertConfig(**tiny_bert_settings(len(tokenizer), positions=64, pad_token_id=0)))
     dense = None if projection is None else torch.nn.Linear(32, projection)

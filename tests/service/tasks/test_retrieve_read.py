@@ -59,7 +59,7 @@ def repositories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         student_dir, "question-answering", QA, full, ("fp32",), eval_data=qa_eval, pair=pair
     )
     assert student.version_dir is not None
-    embed_dir = build_sentence_model(root / EMBED)
+    embed_dir = build_sentence_model(root / EMBED, seed=1)  # seeds 1-6 rank the passage first by >= 0.004
     sentences = write_sentences(root / "sentences.txt")
     embedder = export_model(embed_dir, "sentence-embeddings", EMBED, full, ("fp32",), eval_data=sentences)
     assert embedder.version_dir is not None, [(r.variant, r.problems) for r in embedder.variants]
@@ -112,9 +112,7 @@ def numpy_top(client: TestClient, question: str, passages: list[str], k: int) ->
     vectors = served_embeddings(client, [question, *passages])
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     scores = unit[1:] @ unit[0]
-    # no near ties: the order is the model's. (Not by rounding: two scores 7e-5 apart either side of a
-    # rounding boundary made it flaky; how a batch is split and padded moves a cosine by ~1e-5.)
-    assert np.diff(np.sort(scores)).min() > 3e-5
+    assert np.diff(np.sort(scores)).min() > 1e-4  # no near ties: the order is the model's, not noise
     return [int(i) for i in np.argsort(-scores)[:k]]
 
 
