@@ -173,16 +173,23 @@ class ExchangeMiddleware:
             "http.request.method": scope["method"],
             "url.path": scope["path"],
             "http.response.status_code": status,
-            "distilserve.request_id": x.request_id,
-            "distilserve.model": x.model or None,
-            "distilserve.task": x.task or None,
-            "distilserve.answered_by": ", ".join(x.answered_by) or None,
+            **exchange_attributes(x),
         }
         self.tracing.finish(span, request_phases(x, answered), attributes, ended)
         return trace_id_of(span)
 
     def _record(self, x: Exchange, status: int | None, elapsed: float) -> None:
         record_request(self.metrics, x, status, elapsed)
+
+
+def exchange_attributes(x: Exchange) -> dict[str, str | None]:
+    """What a request's server span says of it, whichever protocol carried it."""
+    return {
+        "distilserve.request_id": x.request_id,
+        "distilserve.model": x.model or None,
+        "distilserve.task": x.task or None,
+        "distilserve.answered_by": ", ".join(x.answered_by) or None,
+    }
 
 
 def request_phases(x: Exchange, answered: float | None) -> list[Phase]:

@@ -40,7 +40,14 @@ from google.protobuf import json_format
 from starlette.datastructures import Headers
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from service.api.access import access_fields, access_log, record_request, request_id_from, request_phases
+from service.api.access import (
+    access_fields,
+    access_log,
+    exchange_attributes,
+    record_request,
+    request_id_from,
+    request_phases,
+)
 from service.api.auth import bearer_of, digests, refusal
 from service.api.drain import DrainGate
 from service.api.errors import ShuttingDownError
@@ -302,10 +309,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             "rpc.method": method,
             "rpc.grpc.status_code": code.value[0],
             "distilserve.status": status,  # /v2's HTTP status of the answer
-            "distilserve.request_id": x.request_id,
-            "distilserve.model": x.model or None,
-            "distilserve.task": x.task or None,
-            "distilserve.answered_by": ", ".join(x.answered_by) or None,
+            **exchange_attributes(x),
         }
         self.tracing.finish(span, request_phases(x, ended), attributes, ended)
         return trace_id_of(span)
