@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import Histogram
 
 from service import ipc
-from service.batching import (
+from service.batch_policy import (
     BatcherClosedError,
     DeadlineExceededError,
     ItemTiming,

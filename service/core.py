@@ -26,15 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import ipc
-from service.batching import (
+from service.batch_policy import (
     BatcherClosedError,
     DeadlineExceededError,
     ItemTiming,
-    MicroBatcher,
     QueueFullError,
     QueueTooSmallError,
-    Ticket,
 )
+from service.batching import MicroBatcher, Ticket
 from service.engine import EngineError
 from service.generation.engine import Produced
 from service.generation.sequence import Sequence as GenSequence

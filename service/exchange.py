@@ -15,7 +15,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from service.batching import ItemTiming
+from service.batch_policy import ItemTiming
 
 if TYPE_CHECKING:
     from service.stats import ModelStats

@@ -19,7 +19,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from service.batching import BatchCaps, BatchPolicy, BatchStats
+from service.batch_policy import BatchCaps, BatchPolicy, BatchStats
 
 WINDOW = 256  # recent batches the cost model is fitted on
 MIN_BATCHES = 8  # before this many, the fixed ceilings apply (and no wait)

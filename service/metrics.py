@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from service.batching import BatchStats
+from service.batch_policy import BatchStats
 from service.generation.engine import EngineHooks
 from service.generation.runner import StepResult
 from service.generation.scheduler import StepPlan

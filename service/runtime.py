@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from service.batching import BatchPolicy, BatchStats, ClientWork, MicroBatcher
+from service.batch_policy import BatchPolicy, BatchStats
+from service.batching import ClientWork, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
 from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult

@@ -15,7 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from service.batching import ItemTiming, MicroBatcher, all_or_none
+from service.batch_policy import ItemTiming
+from service.batching import MicroBatcher, all_or_none
 from service.generation.engine import EngineHooks, GenerationEngine, TokenStreams
 from service.ipc import Placement
 from service.manifest import Manifest

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.trace import Link, Span, Tracer
 
-    from service.batching import BatchStats
+    from service.batch_policy import BatchStats
     from service.exchange import Phase
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

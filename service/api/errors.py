@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from service.api.deps import UnsupportedMediaTypeError
-from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
+from service.batch_policy import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.engine import EngineError
 from service.exchange import exchange_of
 from service.ipc import EngineUnavailableError

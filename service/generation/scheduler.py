@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from service.batching import BatcherClosedError, QueueFullError
+from service.batch_policy import BatcherClosedError, QueueFullError
 from service.generation.sequence import Sequence
 
 

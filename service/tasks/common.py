@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from service.batching import ItemTiming, QueueTooSmallError
+from service.batch_policy import ItemTiming, QueueTooSmallError
 from service.exchange import Exchange, Phase
 from service.tasks.contract import Collaborators, Handler, InvalidInputError, TensorError, V2Job
 from service.tokenization import EncodedText

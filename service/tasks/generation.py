@@ -18,7 +18,8 @@ import numpy as np
 from pydantic import Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
-from service.batching import DeadlineExceededError, all_or_none
+from service.batch_policy import DeadlineExceededError
+from service.batching import all_or_none
 from service.exchange import Exchange
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.common import passed, strings, validated

@@ -11,16 +11,15 @@ from typing import Any
 
 import pytest
 
-from service.batching import (
+from service.batch_policy import (
     BatcherClosedError,
     BatchPolicy,
     BatchStats,
-    ClientWork,
     DeadlineExceededError,
-    MicroBatcher,
     QueueFullError,
     select_batch,
 )
+from service.batching import ClientWork, MicroBatcher
 
 
 class FakeEngine:

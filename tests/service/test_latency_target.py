@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.batching import BatchCaps, BatchPolicy, BatchStats, MicroBatcher, select_batch
+from service.batch_policy import BatchCaps, BatchPolicy, BatchStats, select_batch
+from service.batching import MicroBatcher
 from service.latency_target import (
     MIN_BATCHES,
     RUN_SHARE,

@@ -6,7 +6,8 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from service.batching import BatchPolicy, ItemTiming, MicroBatcher
+from service.batch_policy import BatchPolicy, ItemTiming
+from service.batching import MicroBatcher
 from service.exchange import SCOPE_KEY, Exchange, exchange_of
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.batching import BatchStats
+from service.batch_policy import BatchStats
 from service.exchange import Exchange
 from service.generation.engine import EngineHooks
 from service.generation.runner import StepResult

@@ -19,7 +19,8 @@ from asgi_lifespan import LifespanManager
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.batching import BatchPolicy, BatchStats, ItemTiming, MicroBatcher
+from service.batch_policy import BatchPolicy, BatchStats, ItemTiming
+from service.batching import MicroBatcher
 from service.engine import Engine
 from service.repository import ModelVersion
 from service.runtime import ort_engine_factory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.batching import BatcherClosedError, QueueFullError
+from service.batch_policy import BatcherClosedError, QueueFullError
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig
 from service.generation.sequence import Sequence

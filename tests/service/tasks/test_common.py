@@ -11,7 +11,8 @@ from typing import cast
 
 import pytest
 
-from service.batching import BatchPolicy, MicroBatcher, QueueFullError, all_or_none
+from service.batch_policy import BatchPolicy, QueueFullError
+from service.batching import MicroBatcher, all_or_none
 from service.exchange import Exchange
 from service.served import LocalEncoder, ServedModel
 from service.tasks.common import run_all

@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.api.grpc_v2_wire import grpc_status
 from service.app import create_app
-from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
+from service.batch_policy import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.registry import ModelNotFoundError
 from service.settings import Settings
 from service.tasks.contract import InvalidInputError, TensorError

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from service.api.v2 import v2_error
 from service.api.v2_schemas import InferenceRequest, RequestInput, read_text_inputs
 from service.app import create_app
-from service.batching import BatcherClosedError, DeadlineExceededError, QueueFullError
+from service.batch_policy import BatcherClosedError, DeadlineExceededError, QueueFullError
 from service.settings import Settings
 from service.tasks.contract import InvalidInputError
 from tests.service.v2.helpers import (
