@@ -30,6 +30,7 @@ from typing import Annotated
 import httpx
 import typer
 
+from benchmarks.open_loop import http_exchange, raw_post
 from benchmarks.servers import serve
 from common.cli import cli_app
 from loadtests.texts import reviews
@@ -44,25 +45,6 @@ class Answer:
     latency_s: float
     status: int  # 0: no answer (the connection failed)
     version: str
-
-
-async def _request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
-) -> tuple[int, bytes]:
-    writer.write(raw)
-    status_line = await reader.readline()
-    length = 0
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return int(status_line.split()[1]), await reader.readexactly(length)
-
-
-def _raw(host: str, path: str, body: str) -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body.encode())}\r\n\r\n{body}"
-    ).encode()
 
 
 def stage_next_version(repository: Path, model: str) -> int:
@@ -89,7 +71,7 @@ async def _switch(
     host, port = base.removeprefix("http://").split(":")
     path = f"/v2/models/{model}/infer"
     raws = [
-        _raw(
+        raw_post(
             host,
             path,
             json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [t]}]}),
@@ -106,7 +88,7 @@ async def _switch(
         while not stop.is_set():
             sent = time.perf_counter()
             try:
-                status, body = await _request(reader, writer, raws[n % len(raws)])
+                status, body = await http_exchange(reader, writer, raws[n % len(raws)])
                 found = VERSION.search(body)
                 version = found.group(1).decode() if found else ""
             except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):

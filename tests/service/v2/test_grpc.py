@@ -41,11 +41,6 @@ Client = Any  # either protocol's tritonclient InferenceServerClient
 
 
 @pytest.fixture(scope="module")
-def grpc_port() -> int:
-    return free_port()
-
-
-@pytest.fixture(scope="module")
 def base_url(tiny_repository: Path, grpc_port: int) -> Iterator[str]:
     """This module's server (conftest's `client`, the HTTP one, talks to it too)."""
     env = {
@@ -55,13 +50,6 @@ def base_url(tiny_repository: Path, grpc_port: int) -> Iterator[str]:
     }
     with live_server(tiny_repository, env) as server:
         yield server.base_url
-
-
-@pytest.fixture(scope="module")
-def grpc_client(base_url: str, grpc_port: int) -> Iterator[triton_grpc.InferenceServerClient]:
-    c = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-    yield c
-    c.close()
 
 
 def texts_input(m: ModuleType, name: str, texts: list[str]) -> Any:

@@ -17,7 +17,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.service.live_server import free_port, live_server
+from tests.service.live_server import live_server
 from tests.service.v2.helpers import CLS
 
 KEY = "model-control-key"
@@ -35,11 +35,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory, tiny_repository: Path) 
 
 
 @pytest.fixture(scope="module")
-def grpc_port() -> int:
-    return free_port()
-
-
-@pytest.fixture(scope="module")
 def base_url(repository: Path, grpc_port: int) -> Iterator[str]:
     env = {
         "DISTILSERVE_MODEL_CONTROL": "explicit",
@@ -49,13 +44,6 @@ def base_url(repository: Path, grpc_port: int) -> Iterator[str]:
     }
     with live_server(repository, env) as server:
         yield server.base_url
-
-
-@pytest.fixture(scope="module")
-def grpc_client(base_url: str, grpc_port: int) -> Iterator[triton_grpc.InferenceServerClient]:
-    c = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-    yield c
-    c.close()
 
 
 def _states(index: list[dict[str, str]]) -> dict[tuple[str, str], str]:
