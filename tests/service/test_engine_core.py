@@ -34,7 +34,7 @@ from service.repository import ModelVersion
 from service.runtime import ort_engine_factory
 from service.settings import Settings
 from tests.conftest import TASK_MODEL_NAMES
-from tests.service.test_launcher import (
+from tests.service.supervised import (
     Link,
     Service,
     alive,

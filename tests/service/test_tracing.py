@@ -26,7 +26,7 @@ from service.repository import ModelVersion
 from service.runtime import ort_engine_factory
 from service.settings import Settings
 from tests.service.live_server import free_port
-from tests.service.test_launcher import serving
+from tests.service.supervised import serving
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
