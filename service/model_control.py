@@ -225,13 +225,14 @@ class ModelControl:
             self._index[key] = IndexRow(name, version, "UNAVAILABLE", reason)
             await self.publish_index()
             return False
+        if self._started:  # a teacher loaded while serving drafts with its served student (timed: a thread)
+            serving = [*self.models.values(), model]
+            await asyncio.to_thread(attach_drafts, serving, self.settings, model)
         model.start()
         self.models[key] = model
         self.retired.discard(key)
         self._failed.pop(key, None)
         self._index[key] = IndexRow(name, version, "READY")
-        if self._started:
-            attach_drafts(list(self.models.values()), self.settings)
         return True
 
     def _build(self, directory: Path, clock: StartupClock) -> EngineModel:

@@ -384,14 +384,18 @@ def _faster_decoder(
     return chosen, plan if timed[0].threads == plan.threads else one
 
 
-def attach_drafts(models: list[EngineModel], settings: Settings) -> None:
+def attach_drafts(models: list[EngineModel], settings: Settings, teachers: EngineModel | None = None) -> None:
     """Speculative decoding: each generation teacher served with a student of the same tokenizer gets
-    the student as its draft (service.generation.speculative), where settings and step costs say so."""
+    the student as its draft (service.generation.speculative), where settings and step costs say so.
+    `teachers`: only this one (a version loaded while serving, before it starts: a teacher already
+    decoding keeps its runner, never swapped under its engine thread)."""
     by_key = {(m.name, m.manifest.version): m for m in models}
     for student in models:
         ref = student.manifest.teacher
         teacher = by_key.get((ref.name, ref.version)) if ref is not None else None
         if teacher is None or teacher.generation is None or student.generation is None:
+            continue
+        if teachers is not None and teacher is not teachers:
             continue
         if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
             log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)

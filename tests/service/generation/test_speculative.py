@@ -197,3 +197,38 @@ def test_auto_leaves_a_draft_as_costly_as_its_teacher_off(
         assert c.post("/v1/generate", json=body).status_code == 200
         assert metric_value(c.get("/metrics").text, "distilserve_draft_tokens_total") == 0
     assert "speculative decoding off" in caplog.text  # the two tiny models are the same size
+
+
+def test_a_pair_exported_while_serving_drafts_too(lm_pair: Path, tmp_path: Path) -> None:
+    """Under model control, a new teacher version loaded beside its new student gets the student as its
+    draft before it starts (a teacher already decoding is never given one under its engine thread)."""
+    import json
+    import shutil
+    import time
+
+    repository = tmp_path / "models"
+    shutil.copytree(lm_pair, repository)
+    settings = Settings(
+        model_repository=repository, model_control="poll", repository_poll_s=0.1, speculative="on"
+    )
+    with TestClient(create_app(settings)) as c:
+        for name in ("lm", "lm-teacher"):  # the pair, version 2 of both, the student naming teacher 2
+            staging = repository / name / ".staging"
+            shutil.copytree(repository / name / "1", staging)
+            manifest = json.loads((staging / "manifest.json").read_text())
+            manifest["version"] = 2
+            if manifest.get("teacher"):
+                manifest["teacher"]["version"] = 2
+            (staging / "manifest.json").write_text(json.dumps(manifest))
+            staging.rename(repository / name / "2")
+        deadline = time.monotonic() + 30
+        while {m["name"]: m["version"] for m in c.get("/v1/models").json()["models"]} != {
+            "lm": 2,
+            "lm-teacher": 2,
+        }:
+            assert time.monotonic() < deadline, c.post("/v2/repository/index").json()
+            time.sleep(0.05)
+        body = {"model": "lm-teacher", "prompt": "Acme was founded", "max_new_tokens": 8}
+        assert c.post("/v1/generate", json=body).status_code == 200
+        drafted = metric_value(c.get("/metrics").text, "distilserve_draft_tokens_total", model="lm-teacher")
+        assert drafted > 0
