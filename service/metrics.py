@@ -191,6 +191,13 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.model_loads = Counter(
+            "distilserve_model_loads",
+            "Model versions loaded by model control (service.model_control), at start-up and while serving: "
+            "outcome ready (it took the traffic) or failed (validation, session or warm-up; never served).",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "distilserve_model_info",
             "Served models (1; 0 once unloaded by model control): name, version, task, variant, provider.",

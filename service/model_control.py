@@ -222,6 +222,7 @@ class ModelControl:
             reason = str(e) if isinstance(e, RepositoryError) else f"{directory}: {e}"
             log.error("model %s version %d is not served: %s", name, version, reason)
             self._failed[key] = (_stamp(directory), reason)
+            self.metrics.model_loads.labels(name, "failed").inc()
             self._index[key] = IndexRow(name, version, "UNAVAILABLE", reason)
             await self.publish_index()
             return False
@@ -233,6 +234,7 @@ class ModelControl:
         self.retired.discard(key)
         self._failed.pop(key, None)
         self._index[key] = IndexRow(name, version, "READY")
+        self.metrics.model_loads.labels(name, "ready").inc()
         return True
 
     def _build(self, directory: Path, clock: StartupClock) -> EngineModel:

@@ -24,7 +24,7 @@ from service.repository import ModelVersion, read_version
 from service.runtime import ort_engine_factory
 from service.served import ServedModel, text_encoder
 from service.settings import Settings
-from tests.service.test_app import serve
+from tests.service.test_app import metric_value, serve
 
 CLS = "tiny-cls"
 INFER = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a fine film"]}]}
@@ -145,6 +145,9 @@ def test_poll_reports_a_broken_version_and_keeps_serving(repository: Path, corru
         assert await answering_version(client) == "1"
         ready = await client.post("/v2/repository/index", json={"ready": True})
         assert [(e["name"], e["version"]) for e in ready.json()] == [(CLS, "1")]
+        metrics = (await client.get("/metrics")).text
+        assert metric_value(metrics, "distilserve_model_loads_total", model=CLS, outcome="failed") == 1
+        assert metric_value(metrics, "distilserve_model_loads_total", model=CLS, outcome="ready") == 1
 
     run(control_settings(repository, "poll"), body)
 
