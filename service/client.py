@@ -114,10 +114,11 @@ class RemoteEngine:
         self._models = loop.create_future()
         self._connector = loop.create_task(self._keep_connected(), name="engine-core-connection")
         try:
-            message = await asyncio.shield(self._models)
-            self._views = await asyncio.to_thread(self._served, message.models, {})
-            self._index = message.index
-            return list(self._views.values())
+            async with self._applying:  # a change that comes meanwhile is applied after, to these views
+                message = await asyncio.shield(self._models)
+                self._views = await asyncio.to_thread(self._served, message.models, {})
+                self._index = message.index
+                return list(self._views.values())
         except BaseException:
             self._connector.cancel()
             raise
@@ -316,7 +317,7 @@ class RemoteEngine:
             self._up = True
             if self._models is not None and not self._models.done():
                 self._models.set_result(message)
-            elif self._views:  # a change, or a restarted core's set: applied in order
+            elif self._models is not None:  # a change, or a restarted core's set: applied in order
                 task = asyncio.get_running_loop().create_task(self._apply(message))
                 self._appliers.add(task)
                 task.add_done_callback(self._appliers.discard)
