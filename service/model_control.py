@@ -144,7 +144,7 @@ class ModelControl:
     async def load(self, name: str) -> None:
         """Explicit control: serve `name`'s highest valid version (loading it when it is new)."""
         self._refuse_unless_explicit("load", name)
-        if not (self.root / name).is_dir():
+        if name not in self._names_on_disk():  # a plain directory of the root: never "", "..", a path
             raise ModelNotFoundError(f"no model {name!r} in the repository {self.root}")
         await self.sync([name])
         if not any(k[0] == name for k in self.models):

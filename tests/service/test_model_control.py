@@ -189,6 +189,9 @@ def test_explicit_unload_then_load(repository: Path) -> None:
         assert missing.status_code == 404 and "nothing-here" in missing.json()["error"]
         again = await client.post("/v2/repository/models/nothing-here/unload")
         assert again.status_code == 404
+        for outside in ("..", ".hidden", "%2E%2E"):  # the repository's parent, an export in progress
+            r = await client.post(f"/v2/repository/models/{outside}/load")
+            assert r.status_code == 404, (outside, r.text)
 
     run(control_settings(repository, "explicit"), body)
 
