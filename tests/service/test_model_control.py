@@ -15,11 +15,12 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import RemoteEncoder, RemoteEngine
+from service.client import RemoteEngine
 from service.engine import Engine, EngineError
 from service.ipc import Placement
 from service.metrics import Metrics
 from service.model_control import ModelRetiredError
+from service.remote_models import RemoteEncoder
 from service.repository import ModelVersion, read_version
 from service.runtime import ort_engine_factory
 from service.served import ServedModel, text_encoder
