@@ -116,6 +116,9 @@ def distil_lm_command(
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
     time_limit: float | None = TimeLimitOpt,
     bf16: bool = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU)."),
+    freeze_embeddings: bool = typer.Option(
+        False, "--freeze-embeddings", help="Keep the teacher's token embeddings (and a head tied to them)."
+    ),
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
 ) -> None:
@@ -146,6 +149,7 @@ def distil_lm_command(
                 top_k=top_k,
                 seed=seed,
                 bf16=bf16,
+                freeze_embeddings=freeze_embeddings,
             )
         teacher_model = _load(teacher, torch.device("cpu"))
         student = distil_lm.student_from_teacher(teacher_model, config)

@@ -50,6 +50,7 @@ class DistilLMConfig:
     seed: int = 0
     num_blocks: int = 0  # cache blocks used, fixed at the first start
     bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
+    freeze_embeddings: bool = False  # keep the teacher's token embeddings (and the head tied to them)
 
 
 # --------------------------------------------------------------------------- student
@@ -59,7 +60,10 @@ def student_from_teacher(teacher: PreTrainedModel, config: DistilLMConfig) -> Pr
     """Embeddings, final norm and (tied) head copied; layer i is teacher layer layer_map[i]."""
     if not config.layer_map:
         config.layer_map = default_layer_map(int(teacher.config.num_hidden_layers), config.layers)
-    return make_student(teacher, config.layers, config.layer_map)
+    student = make_student(teacher, config.layers, config.layer_map)
+    if config.freeze_embeddings:
+        student.get_input_embeddings().requires_grad_(False)  # a tied head is the same tensor
+    return student
 
 
 # --------------------------------------------------------------------------- data order and schedule
@@ -134,8 +138,9 @@ def train(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = next(student.parameters()).device
-    decay = [p for p in student.parameters() if p.dim() >= 2]
-    no_decay = [p for p in student.parameters() if p.dim() < 2]
+    trained = [p for p in student.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=config.lr,
@@ -179,7 +184,7 @@ def train(
             (terms.total / config.grad_accum).backward()
             for name, value in zip(("loss", "kd", "hard"), terms[:3], strict=True):
                 totals[name] += float(value.detach()) / config.grad_accum
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1

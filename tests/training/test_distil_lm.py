@@ -143,6 +143,22 @@ def test_training_from_the_cache_lowers_the_distillation_loss(
     assert (tmp_path / "run" / distil_lm.CHECKPOINT).exists()
 
 
+def test_frozen_embeddings_keep_the_teachers_while_the_layers_learn(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    _cache(teacher, tokenizer, text, tmp_path / "cache")
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+    config = _config(steps=15, freeze_embeddings=True)
+    student = distil_lm.student_from_teacher(teacher, config)
+    first_layer = student.model.layers[0].mlp.up_proj.weight.detach().clone()
+    before = _mean_kd(student, blocks, config)
+    distil_lm.train(student, blocks, config, tmp_path / "run")
+    assert _mean_kd(student, blocks, config) < 0.9 * before
+    assert torch.equal(student.get_input_embeddings().weight, teacher.get_input_embeddings().weight)
+    assert student.get_output_embeddings().weight is student.get_input_embeddings().weight  # still tied
+    assert not torch.equal(student.model.layers[0].mlp.up_proj.weight, first_layer)
+
+
 def test_interrupted_training_resumes_to_the_same_weights(
     teacher, tokenizer, text: Path, tmp_path: Path
 ) -> None:

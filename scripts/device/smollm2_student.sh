@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The SmolLM2 student on one GPU, in minutes: import the GGUF teacher, cache its top-64 logits over all of
+# WikiText-2 train, distil one 10-layer student per recipe in parallel for a fixed training budget (the step
+# count sized from a short probe so the cosine schedule ends inside it), score each on all of WikiText-2
+# valid, and pack the best for a machine that takes back little (scripts/device/pack_student.py).
+#
+#   scripts/device/smollm2_student.sh GGUF DATA WORK OUT
+#
+# DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BATCH (32 blocks of
+# 256 tokens), LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
+# (10), RECIPES (name:alpha_kd:alpha_hard, space-separated; "kd:1:0 mixed:1:0.5"), PY (python3).
+# Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
+set -euo pipefail
+GGUF=$1 DATA=$2 WORK=$3 OUT=$4
+PY=${PY:-python3}
+LAYERS=${LAYERS:-10}
+BATCH=${BATCH:-32}
+LR=${LR:-3e-4}
+TRAIN_S=${TRAIN_S:-240}
+MAX_EPOCHS=${MAX_EPOCHS:-10}
+RECIPES=${RECIPES:-"kd:1:0 mixed:1:0.5"}
+mkdir -p "$WORK" "$OUT"
+t0=$SECONDS
+stamp() { echo "[$((SECONDS - t0)) s] $*"; }
+
+[[ -d $WORK/teacher ]] || $PY -m training import "$GGUF" --out "$WORK/teacher"
+stamp imported
+$PY -m training lm-cache --teacher "$WORK/teacher" --train "$DATA/wikitext2_raw_train.txt" --out "$WORK/cache" \
+  --top-k 64 --block-size 256 --batch-size 64
+stamp cached
+blocks=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['num_blocks'])" "$WORK/cache/meta.json")
+
+distil() {  # distil NAME ALPHA_KD ALPHA_HARD STEPS [more flags]
+  $PY -m training distil-lm --teacher "$WORK/teacher" --cache "$WORK/cache" --out "$WORK/$1" --layers "$LAYERS" \
+    --steps "$4" --batch-size "$BATCH" --lr "$LR" --warmup-steps 50 --temperature 1 --alpha-kd "$2" \
+    --alpha-hard "$3" --bf16 --freeze-embeddings --checkpoint-every 1000000 "${@:5}"
+}
+
+# probe: how many steps one run makes in 30 s of training
+rm -rf "$WORK/probe"
+distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
+read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
+runs=$(wc -w <<< "$RECIPES")
+steps=$($PY -c "
+import sys; p_steps, p_s, budget, runs, blocks, batch, epochs = map(float, sys.argv[1:])
+parallel = 1.0 if runs == 1 else 0.55  # each of several runs at once gets at least ~half the GPU
+print(int(min(p_steps / p_s * budget * parallel, epochs * blocks / batch)))" \
+  "$probe_steps" "$probe_s" "$TRAIN_S" "$runs" "$blocks" "$BATCH" "$MAX_EPOCHS")
+stamp "probe: $probe_steps steps in $probe_s s; each recipe trains $steps steps of $BATCH blocks" \
+  "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
+
+for recipe in $RECIPES; do
+  IFS=: read -r name kd hard <<< "$recipe"
+  distil "$name" "$kd" "$hard" "$steps" --time-limit "$(python3 -c "print(($TRAIN_S * 1.3) / 60)")" \
+    > "$WORK/$name.log" 2>&1 &
+done
+wait
+stamp trained
+for recipe in $RECIPES; do
+  name=${recipe%%:*}
+  tail -n 2 "$WORK/$name.log"
+  $PY -m training eval-lm --teacher "$WORK/teacher" --student "$WORK/$name" \
+    --eval "$DATA/wikitext2_raw_valid.txt" --batch-size 16 2>&1 | tail -n 3
+done
+stamp evaluated
+best=$($PY -c "
+import json, sys
+work, names = sys.argv[1], sys.argv[2:]
+scores = {n: json.load(open(f'{work}/{n}/lm_eval.json'))['perplexity_ratio'] for n in names}
+print(min(scores, key=scores.get))" "$WORK" $(for r in $RECIPES; do echo "${r%%:*}"; done))
+stamp "packing $best"
+$PY scripts/device/pack_student.py pack "$WORK/$best" "$WORK/teacher" "$OUT"
+stamp done
