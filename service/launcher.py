@@ -21,6 +21,7 @@ loop stopped ticking (hung: alive, answering nobody), and on SIGTERM or Ctrl-C d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event, Semaphore
@@ -43,7 +44,7 @@ from prometheus_client import multiprocess
 from service.app import create_app
 from service.core import run_core
 from service.engine import name_this_thread
-from service.logs import configure_logging
+from service.logs import configure_logging, stop_writing
 from service.metrics import clear_multiprocess_dir, multiprocess_dir
 from service.runtime import EngineFactory, StartupError
 from service.server import STARTUP_FAILURE, serve
@@ -126,13 +127,14 @@ def run_frontend(
         await gate.report_and_wait(parent)
         heartbeat.start()
 
-    try:
-        sock = reuseport_socket(settings.host, settings.port)
-        app = create_app(settings, engine_factory, loaded=loaded, grpc=True)
-    except (OSError, StartupError) as e:
-        log.error("distilserve: %s", e)
-        sys.exit(STARTUP_FAILURE)
-    serve(app, settings, sockets=[sock])
+    with _last_lines_written():
+        try:
+            sock = reuseport_socket(settings.host, settings.port)
+            app = create_app(settings, engine_factory, loaded=loaded, grpc=True)
+        except (OSError, StartupError) as e:
+            log.error("distilserve: %s", e)
+            sys.exit(STARTUP_FAILURE)
+        serve(app, settings, sockets=[sock])
 
 
 def run_engine_core(
@@ -140,11 +142,22 @@ def run_engine_core(
 ) -> None:
     """The engine core's life, in a fresh interpreter."""
     _child_process(settings, parent, "ds-engine-core")
+    with _last_lines_written():
+        try:
+            asyncio.run(run_core(settings, engine_factory, on_tick=heartbeat.stamp))
+        except StartupError as e:
+            log.error("distilserve: %s", e)
+            sys.exit(STARTUP_FAILURE)
+
+
+@contextlib.contextmanager
+def _last_lines_written() -> Iterator[None]:
+    """A child process leaves by os._exit (multiprocessing), which runs no atexit: the log lines still
+    queued (service.logs) are written here, on every way out."""
     try:
-        asyncio.run(run_core(settings, engine_factory, on_tick=heartbeat.stamp))
-    except StartupError as e:
-        log.error("distilserve: %s", e)
-        sys.exit(STARTUP_FAILURE)
+        yield
+    finally:
+        stop_writing()
 
 
 def _child_process(settings: Settings, parent: int, name: str) -> None:

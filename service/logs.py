@@ -1,23 +1,26 @@
 """Process logging: human text for the service's own messages, and access lines as JSON (or text).
 
 Access lines go to stdout on their own logger (`distilserve.access`), so a log pipeline can parse them
-without a pattern; everything else goes to stderr for people. Access lines are formatted and written by a
-thread of their own (a QueueHandler in front of the stream): the event loop only queues the record, and a
-stdout that blocks (a full pipe, a slow collector) never stalls it.
+without a pattern; everything else (uvicorn's lines too) goes to stderr for people. Both are formatted and
+written by a thread of their own (a QueueHandler in front of each stream): an event loop or an engine thread
+only queues the record, and a stream that blocks (a full pipe, a slow collector) never stalls it. The queue
+is bounded: a writer that far behind loses lines, counted in one line written when it moves again.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import sys
 from logging.handlers import QueueHandler, QueueListener
-from queue import SimpleQueue
+from queue import Full, Queue
 from typing import Any, Literal
 
 ACCESS_LOGGER = "distilserve.access"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+QUEUED_LINES = 10_000  # per stream: beyond, lines are dropped rather than hold the caller
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -50,38 +53,80 @@ class TextAccessFormatter(logging.Formatter):
         ).rstrip()
 
 
-class _AccessQueueHandler(QueueHandler):
+class _QueueWithoutWaiting(QueueHandler):
+    """Never blocks its caller: when the queue is full the line is dropped, and the next line that fits
+    is preceded by one saying how many were lost (called under the handler's lock: the count is safe)."""
+
+    def __init__(self, queue: Queue[logging.LogRecord]) -> None:
+        super().__init__(queue)
+        self.dropped = 0
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            if self.dropped:
+                note = logging.LogRecord(
+                    record.name, logging.WARNING, __file__, 0,
+                    f"{self.dropped} log lines dropped: the stream was blocked", None, None,
+                )  # fmt: skip
+                self.queue.put_nowait(note)
+                self.dropped = 0
+            self.queue.put_nowait(record)
+        except Full:
+            self.dropped += 1
+
+
+class _AccessQueueHandler(_QueueWithoutWaiting):
     """Hands the record over as it is: the listener's formatter reads its `access` fields."""
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
 
-_listener: QueueListener | None = None
+class _Writer(QueueListener):
+    """The thread that writes one stream's queued lines; its stop gives up after `timeout_s` (a stream
+    blocked for good must not hold the process's exit: the thread is a daemon)."""
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with contextlib.suppress(Full):
+            self.queue.put(self._sentinel, timeout=timeout_s)  # type: ignore[attr-defined]
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
 
 
-def _stop_writing() -> None:
-    """Write the lines still queued, then stop the writer thread."""
-    global _listener
-    if _listener is not None:
-        _listener.stop()
-        _listener = None
+_listeners: list[_Writer] = []
 
 
-atexit.register(_stop_writing)
+def stop_writing() -> None:
+    """Write the lines still queued (a few seconds at most), then stop the writer threads."""
+    while _listeners:
+        _listeners.pop().stop()
+
+
+def _written_by_a_thread(handler: logging.Handler, queue_handler: type[_QueueWithoutWaiting]) -> QueueHandler:
+    queue: Queue[logging.LogRecord] = Queue(QUEUED_LINES)
+    listener = _Writer(queue, handler)
+    listener.start()
+    _listeners.append(listener)
+    queued = queue_handler(queue)
+    queued.setFormatter(logging.Formatter("%(message)s"))  # message and traceback; `handler` adds the rest
+    return queued
+
+
+atexit.register(stop_writing)
 
 
 def configure_logging(level: str, access_format: Literal["json", "text"]) -> None:
-    """Once per process, before uvicorn adds its own loggers (it leaves these alone)."""
-    global _listener
-    logging.basicConfig(level=level.upper(), format=TEXT_FORMAT)
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(JsonAccessFormatter() if access_format == "json" else TextAccessFormatter())
-    _stop_writing()  # configured again (tests): the old writer finishes its lines first
-    queue: SimpleQueue[logging.LogRecord] = SimpleQueue()
-    _listener = QueueListener(queue, handler)
-    _listener.start()
+    """Once per process (uvicorn is then told to keep its own loggers unconfigured: they reach these)."""
+    stop_writing()  # configured again (tests): the old writers finish their lines first
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(
+        level=level.upper(), handlers=[_written_by_a_thread(stderr, _QueueWithoutWaiting)], force=True
+    )
+    stdout = logging.StreamHandler(sys.stdout)
+    stdout.setFormatter(JsonAccessFormatter() if access_format == "json" else TextAccessFormatter())
     access = logging.getLogger(ACCESS_LOGGER)
-    access.handlers[:] = [_AccessQueueHandler(queue)]
+    access.handlers[:] = [_written_by_a_thread(stdout, _AccessQueueHandler)]
     access.setLevel(level.upper())
     access.propagate = False

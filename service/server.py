@@ -11,6 +11,7 @@ with what is left of the grace period. A second signal skips the wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -27,6 +29,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.api.disconnect import CANCELS, GONE, WORK
 from service.api.drain import DrainGate
+from service.logs import stop_writing
 from service.settings import Settings
 from service.turn_writes import TurnWriteTransport
 
@@ -145,12 +148,23 @@ class DrainingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, which raises a caught SIGTERM again once served (the process then dies of it): the
+        queued log lines (service.logs) are written before that."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                stop_writing()
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Runs in the signal handler: set flags, then let the loop do the rest."""
         if not self.started:
             # Not listening, nothing admitted: stop now. Start-up may be waiting for an engine core that
             # never comes, and uvicorn would wait for the start-up to end before it looks at the signal.
             log.info("stopped while starting: nothing was admitted")
+            stop_writing()  # os._exit runs no atexit: the queued log lines first
             os._exit(0)
         if self._draining or not self.started or self._loop is None:
             super().handle_exit(sig, frame)  # during start-up, or a second signal: uvicorn's own way
@@ -185,6 +199,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's lines go through service.logs (written by a thread, never blocking)
         access_log=False,  # the app writes its own access lines (service.api.access)
         http=guarded_protocol(settings),
         limit_concurrency=connection_cap(settings),  # beyond: 503, requests in flight go on

@@ -64,13 +64,12 @@ def pack(student: Path, teacher: Path, out: Path, parts: int = 5) -> dict[str, o
         "embeddings_sha256": _sha(teacher_embeddings.tobytes()),
         "config": json.loads((student / "config.json").read_text()),
         **{
-            side: json.loads((student / side).read_text())
-            for side in SIDE_FILES
-            if (student / side).exists()
+            side: json.loads((student / side).read_text()) for side in SIDE_FILES if (student / side).exists()
         },
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"packed {flat.nbytes / 2**20:.1f} MiB of float16 into {len(stream) / 2**20:.1f} MiB, {parts} files")
+    mib = flat.nbytes / 2**20, len(stream) / 2**20
+    print(f"packed {mib[0]:.1f} MiB of float16 into {mib[1]:.1f} MiB, {parts} files")
     return manifest
 
 
