@@ -31,6 +31,14 @@ class BlockedStream:
         pass
 
 
+def blocked(stream: str, monkeypatch: pytest.MonkeyPatch, queued_lines: int) -> BlockedStream:
+    """sys.stdout or sys.stderr replaced by a blocked stream, and the log queues this short."""
+    replacement = BlockedStream()
+    monkeypatch.setattr(f"sys.{stream}", replacement)
+    monkeypatch.setattr(logs, "QUEUED_LINES", queued_lines)
+    return replacement
+
+
 @pytest.fixture
 def access_logger() -> Iterator[logging.Logger]:
     """The access logger (and the root logger), as they were before the test configured them."""
@@ -64,9 +72,7 @@ def test_an_access_line_is_queued_while_stdout_blocks_and_written_once_it_moves(
 def test_a_service_line_waits_for_a_blocked_stderr_in_the_queue_and_lost_lines_are_counted(
     access_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stderr = BlockedStream()
-    monkeypatch.setattr("sys.stderr", stderr)
-    monkeypatch.setattr(logs, "QUEUED_LINES", 3)
+    stderr = blocked("stderr", monkeypatch, queued_lines=3)
     uvicorn = logging.getLogger("uvicorn.error")  # unconfigured by the server: it reaches the root logger
     try:
         logs.configure_logging("info", "text")
@@ -94,9 +100,7 @@ def test_a_service_line_waits_for_a_blocked_stderr_in_the_queue_and_lost_lines_a
 def test_a_stream_blocked_for_good_does_not_hold_the_exit(
     access_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stdout = BlockedStream()
-    monkeypatch.setattr("sys.stdout", stdout)
-    monkeypatch.setattr(logs, "QUEUED_LINES", 2)
+    stdout = blocked("stdout", monkeypatch, queued_lines=2)
     logs.configure_logging("info", "json")
     for _ in range(4):  # one held by the writer, two queued, one dropped
         access_logger.info("x", extra={"access": {"path": "/"}})
