@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.batch_policy import BatchCaps, BatchPolicy, BatchStats
@@ -88,10 +89,13 @@ class LatencyTarget:
     """The batcher's planner for one model: learns the engine's cost from each batch (`observe`, on the
     event loop) and caps the next batch from it (`caps`, on an engine thread under the batcher's lock)."""
 
-    def __init__(self, target_s: float) -> None:
+    def __init__(self, target_s: float, on_fit: Callable[[CostModel, int], None] | None = None) -> None:
+        """`on_fit`: handed each new cost model and the padded tokens it lets a batch carry when nothing
+        is late (`planned_tokens`): what an operator reads to see the planner's choices (metrics)."""
         if target_s <= 0:
             raise ValueError(f"the latency target must be positive, got {target_s}")
         self.target_s = target_s
+        self._on_fit = on_fit
         self._tokens: deque[int] = deque(maxlen=WINDOW)
         self._run_s: deque[float] = deque(maxlen=WINDOW)
         self._since_fit = 0
@@ -108,6 +112,13 @@ class LatencyTarget:
             line = fit_cost(tokens, run_s)
             self.model = CostModel(line.fixed_s, line.per_token_s, slack_of(line, tokens, run_s))
             self._since_fit = 0
+            if self._on_fit is not None:
+                self._on_fit(self.model, self.planned_tokens(self.model))
+
+    def planned_tokens(self, model: CostModel) -> int:
+        """The padded tokens a batch may carry when its oldest item is fresh: a run of RUN_SHARE of the
+        target (the most any batch gets, short of catching up)."""
+        return model.tokens_within(RUN_SHARE * self.target_s)
 
     def caps(self, policy: BatchPolicy, oldest_age_s: float, oldest_cost: int) -> BatchCaps:
         """Caps for the batch the oldest queued item (waiting `oldest_age_s`, `oldest_cost` tokens) leads;
@@ -126,6 +137,8 @@ class LatencyTarget:
         return BatchCaps(size, tokens, wait if wait >= MIN_WAIT_S else 0.0)
 
 
-def planner_for(target_ms: float | None) -> LatencyTarget | None:
+def planner_for(
+    target_ms: float | None, on_fit: Callable[[CostModel, int], None] | None = None
+) -> LatencyTarget | None:
     """A model's planner for DISTILSERVE_LATENCY_TARGET_MS; unset: none, the fixed settings batch as ever."""
-    return None if target_ms is None else LatencyTarget(target_ms / 1000)
+    return None if target_ms is None else LatencyTarget(target_ms / 1000, on_fit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from service.batch_policy import BatchStats
 from service.generation.engine import EngineHooks
 from service.generation.runner import StepResult
 from service.generation.scheduler import StepPlan
+from service.latency_target import CostModel
 
 if TYPE_CHECKING:
     from service.tracing import Tracing
@@ -176,6 +178,21 @@ class Metrics:
             "Sequences waiting for the engine.",
             ["model"],
             multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.planned_batch_tokens = Gauge(
+            "distilserve_planned_batch_tokens",
+            "Latency target: padded tokens the planner lets a batch carry when nothing is late.",
+            ["model"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
+        self.engine_cost_seconds = Gauge(
+            "distilserve_engine_cost_seconds",
+            "Latency target: the planner's fitted engine cost of a batch, slack included: "
+            "term=fixed per call, term=per_token per padded token.",
+            ["model", "term"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.in_flight = Gauge(
@@ -386,6 +403,18 @@ class Metrics:
                 queue_depth=self.queue_depth.labels(model),
             )
         return series
+
+    def planner_fitted(self, model: str) -> Callable[[CostModel, int], None]:
+        """Where `model`'s latency-target planner reports each new fit (service.latency_target)."""
+        tokens = self.planned_batch_tokens.labels(model)
+        fixed, per_token = (self.engine_cost_seconds.labels(model, term) for term in ("fixed", "per_token"))
+
+        def fitted(cost: CostModel, planned_tokens: int) -> None:
+            tokens.set(planned_tokens)
+            fixed.set(cost.slack * cost.fixed_s)
+            per_token.set(cost.slack * cost.per_token_s)
+
+        return fitted
 
     def request_series(self, model: str, task: str, status: int) -> tuple[Counter, Histogram]:
         """The request counter and latency series of one (model, task, status), resolved once."""

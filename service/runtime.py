@@ -325,7 +325,7 @@ def load_engine_model(
             on_batch=counting_batches(metrics.for_model(name).observe_batch, model.stats),
             on_queue_depth=metrics.for_model(name).queue_depth.set,
             clients=clients,
-            planner=planner_for(settings.latency_target_ms),  # one per model: costs differ
+            planner=planner_for(settings.latency_target_ms, metrics.planner_fitted(name)),  # one per model
             # tracing on: a span per engine call that carried a sampled request's row (service.tracing)
             trace_batch=metrics.tracing.batch_tracer(name, manifest.version) if metrics.tracing else None,
         )

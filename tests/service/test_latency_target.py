@@ -9,9 +9,13 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
+from service.app import create_app
 from service.batch_policy import BatchCaps, BatchPolicy, BatchStats, select_batch
 from service.batching import MicroBatcher
 from service.latency_target import (
@@ -23,6 +27,7 @@ from service.latency_target import (
     planner_for,
     slack_of,
 )
+from service.metrics import Metrics
 from service.settings import Settings
 
 FIXED_S, PER_TOKEN_S = 0.010, 0.002  # the fake engine: 10 ms a call + 2 ms a padded token
@@ -57,6 +62,23 @@ def test_the_fit_recovers_a_known_cost_law() -> None:
     line = fit_cost(tokens, [(0.003 + 0.00005 * x) * rng.uniform(0.95, 1.05) for x in tokens])
     assert line.fixed_s == pytest.approx(0.003, rel=0.2)
     assert line.per_token_s == pytest.approx(0.00005, rel=0.05)
+
+
+def test_each_fit_is_reported_with_the_tokens_a_fresh_batch_may_carry() -> None:
+    metrics = Metrics(CollectorRegistry())
+    planner = LatencyTarget(TARGET_S, on_fit=metrics.planner_fitted("m"))
+    for padded in (10, 20, 40, 80, 10, 30, 60, 120):  # MIN_BATCHES of an exact cost law: the first fit
+        planner.observe(stats(padded, FIXED_S + PER_TOKEN_S * padded))
+    sample = metrics.registry.get_sample_value
+    planned = sample("distilserve_planned_batch_tokens", {"model": "m"})
+    assert planned == int((RUN_SHARE * TARGET_S - FIXED_S) / PER_TOKEN_S)  # 95: a run of half the target
+    assert planner.caps(BatchPolicy(max_batch_size=64, max_batch_tokens=4096), 0.0, 1).max_tokens == planned
+    assert sample("distilserve_engine_cost_seconds", {"model": "m", "term": "fixed"}) == pytest.approx(
+        FIXED_S
+    )
+    assert sample("distilserve_engine_cost_seconds", {"model": "m", "term": "per_token"}) == pytest.approx(
+        PER_TOKEN_S
+    )
 
 
 def test_one_shape_or_a_negative_intercept_fits_through_the_origin() -> None:
@@ -128,6 +150,20 @@ def test_the_policys_caps_stay_ceilings() -> None:
     planner = fitted(target_s=10.0)
     caps = planner.caps(BatchPolicy(max_batch_size=8, max_batch_tokens=512), 0.0, 10)
     assert (caps.max_size, caps.max_tokens, caps.max_wait_s) == (8, 512, pytest.approx(FIXED_S))
+
+
+def test_a_served_model_shows_its_planners_choice_in_the_metrics(tiny_repository: Path) -> None:
+    settings = Settings(model_repository=tiny_repository, latency_target_ms=500, warmup=False)
+    with TestClient(create_app(settings)) as client:
+        for n in range(MIN_BATCHES + 1):  # one at a time: each its own batch, of a few shapes
+            response = client.post("/v1/classify", json={"model": "tiny-cls", "inputs": ["word " * (n + 1)]})
+            assert response.status_code == 200
+        exposition = client.get("/metrics").text
+    planned = [
+        line for line in exposition.splitlines() if line.startswith("distilserve_planned_batch_tokens{")
+    ]
+    assert planned and 'model="tiny-cls"' in planned[0] and float(planned[0].split()[-1]) > 0
+    assert 'distilserve_engine_cost_seconds{model="tiny-cls",term="per_token"}' in exposition
 
 
 def test_without_a_target_the_service_builds_no_planner() -> None:
