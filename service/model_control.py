@@ -29,7 +29,14 @@ from service.ipc import EngineUnavailableError, IndexRow, Placement
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError
 from service.repository import RepositoryError, read_version
-from service.runtime import EngineFactory, EngineModel, StartupError, attach_drafts, load_engine_model
+from service.runtime import (
+    EngineFactory,
+    EngineModel,
+    StartupError,
+    attach_drafts,
+    follow_student,
+    load_engine_model,
+)
 from service.settings import Settings
 from service.startup import StartupClock
 
@@ -226,9 +233,13 @@ class ModelControl:
             self._index[key] = IndexRow(name, version, "UNAVAILABLE", reason)
             await self.publish_index()
             return False
-        if self._started:  # a teacher loaded while serving drafts with its served student (timed: a thread)
-            serving = [*self.models.values(), model]
+        if self._started:  # a teacher loaded while serving drafts with its served student, and a served
+            serving = [
+                *self.models.values(),
+                model,
+            ]  # teacher with its student's new version (timed: a thread)
             await asyncio.to_thread(attach_drafts, serving, self.settings, model)
+            await asyncio.to_thread(follow_student, serving, model, self.settings)
         model.start()
         self.models[key] = model
         self.retired.discard(key)
@@ -264,6 +275,8 @@ class ModelControl:
         self._retiring.difference_update(keys)
         self.retired.update(keys)
         for key, model in zip(keys, retiring, strict=True):
+            if self._started:  # a teacher drafting with it goes on alone
+                follow_student(list(self.models.values()), model, self.settings, gone=True)
             await model.close()  # its queued and running work finishes
             self._discard(model)
             self._index[key] = IndexRow(*key, "UNAVAILABLE", why)

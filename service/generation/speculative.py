@@ -16,10 +16,15 @@ kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens f
 Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
 kept positions (the rejected ones are cut off: `SlotCache.truncate`) and the draft's too: it fed the last
 token and all k drafts, so its cache is never behind and the next step starts from the teacher's token.
+
+The draft follows its student's versions while the teacher serves (`replace_draft`, service.model_control):
+a new one is taken at the next step, the running sequences' contexts prefilled into it then; with none (the
+student unloaded) the teacher decodes alone, one token a step, from the cache it already holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence as Seq
@@ -91,28 +96,51 @@ def accept(
 class SpeculativeRunner:
     """The teacher's runner with a draft: prefill runs both; decode drafts k tokens and checks them."""
 
-    def __init__(self, teacher: DecoderRunner, draft: DecoderRunner, k: int, window: int) -> None:
+    def __init__(self, teacher: DecoderRunner, draft: DecoderRunner | None, k: int, window: int) -> None:
         self.teacher, self.draft, self.k, self.window = teacher, draft, k, window
-        layout = teacher.layout
-        self._caches: tuple[SlotCache, SlotCache] | None = None
-        self._shapes = (
-            (layout.num_layers, layout.num_key_value_heads, layout.head_dim),
-            (draft.layout.num_layers, draft.layout.num_key_value_heads, draft.layout.head_dim),
-        )
+        self._caches: tuple[SlotCache, SlotCache | None] | None = None
+        self._next_draft: tuple[DecoderRunner | None] | None = None  # handed over, taken at the next step
 
     @property
     def layout(self) -> GenerationLayout:
         """The teacher's: what the engine reads of a runner."""
         return self.teacher.layout
 
+    @property
+    def drafting_with(self) -> DecoderRunner | None:
+        """The draft from the next step on (one handed over and not yet taken included)."""
+        return self._next_draft[0] if self._next_draft is not None else self.draft
+
+    def replace_draft(self, draft: DecoderRunner | None) -> None:
+        """Draft with `draft` (None: none) from the next step on; any thread may call it (the engine thread
+        takes it between steps, never under a running one)."""
+        self._next_draft = (draft,)
+
+    def _take_draft(self) -> None:
+        handed = self._next_draft
+        if handed is None:
+            return
+        self._next_draft = None
+        self.draft = handed[0]
+        if self._caches is not None:  # the running rows get the new draft's cache in _step (catch-up)
+            self._caches = (self._caches[0], None)
+
+    def _draft_cache(self) -> SlotCache | None:
+        if self.draft is None:
+            return None
+        layout = self.draft.layout
+        return SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
+
     def execute(self, plan: StepPlan) -> StepResult:
+        self._take_draft()
         started = time.perf_counter()
         tokens: dict[int, int] = {}
         more: dict[int, list[int]] = {}
         drafted = accepted = 0
         if plan.prefill:
             tokens |= self.teacher.prefill(plan.prefill)
-            self.draft.prefill(plan.prefill, choose=False)
+            if self.draft is not None:
+                self.draft.prefill(plan.prefill, choose=False)
         prefilled = time.perf_counter()
         if plan.decode:
             emitted_by, k = self._step(plan.decode)
@@ -123,7 +151,8 @@ class SpeculativeRunner:
             self._caches = None
         fresh = {s.id for s in plan.prefill}
         self.teacher.keep_prefilled(fresh)
-        self.draft.keep_prefilled(fresh)
+        if self.draft is not None:
+            self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
         checked = len(plan.decode)
         return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked)
@@ -131,13 +160,20 @@ class SpeculativeRunner:
     def _step(self, seqs: Seq[Sequence]) -> tuple[dict[int, list[int]], int]:
         """Each sequence's emitted tokens, and the number drafted for each."""
         if self._caches is None:
-            self._caches = (SlotCache(*self._shapes[0]), SlotCache(*self._shapes[1]))
+            layout = self.teacher.layout
+            teacher_cache = SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
+            self._caches = (teacher_cache, self._draft_cache())
         teacher_cache, draft_cache = self._caches
         rows = sync_rows(teacher_cache, seqs, self.teacher)
-        sync_rows(draft_cache, seqs, self.draft)
+        if draft_cache is None and self.draft is not None:  # a draft taken while these rows ran
+            draft_cache = self._caught_up(rows)
+            self._caches = (teacher_cache, draft_cache)
+        if draft_cache is not None:
+            assert self.draft is not None
+            sync_rows(draft_cache, rows, self.draft)  # the teacher's row order
         n = len(rows)
         start = teacher_cache.lengths[:n].copy()  # positions cached: prompt + output minus the last token
-        k = self._draft_length(rows, start)
+        k = self._draft_length(rows, start) if draft_cache is not None else 0
         last = np.array([s.output[-1] for s in rows], dtype=np.int64)
 
         drafts = np.zeros((n, k), dtype=np.int64)
@@ -147,7 +183,8 @@ class SpeculativeRunner:
         ]
         q: list[list[np.ndarray]] = [[] for _ in rows]
         feed = last
-        for j in range(k + 1):  # the last pass only caches the k-th draft
+        for j in range(k + 1 if draft_cache is not None else 0):  # the last pass only caches the k-th draft
+            assert draft_cache is not None and self.draft is not None
             past, mask, positions = draft_cache.feeds()
             out = self.draft.run_step(feed[:, None], mask, positions, past)
             draft_cache.append(self.draft.presents(out))
@@ -187,8 +224,20 @@ class SpeculativeRunner:
             emitted[s.id] = accept(drafts[row].tolist(), q[row], p, s.rng)
         kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
         teacher_cache.truncate(kept_lengths)
-        draft_cache.truncate(kept_lengths)
+        if draft_cache is not None:
+            draft_cache.truncate(kept_lengths)
         return emitted, k
+
+    def _caught_up(self, rows: Seq[Sequence]) -> SlotCache:
+        """A new draft's cache for sequences already running: each one's context (prompt and output but
+        the last token, what the teacher's cache holds) prefilled into it, in the teacher's row order."""
+        assert self.draft is not None
+        contexts = [dataclasses.replace(s, prompt=[*s.prompt, *s.output[:-1]]) for s in rows]  # same ids
+        self.draft.prefill(contexts, choose=False)
+        cache = self._draft_cache()
+        assert cache is not None
+        sync_rows(cache, rows, self.draft)
+        return cache
 
     def _draft_length(self, rows: Seq[Sequence], start: np.ndarray) -> int:
         """k, or fewer where a sequence nears the window or its last token: drafts past either are waste

@@ -3,7 +3,11 @@ sampling rule keeps the teacher's distribution."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.engine import Engine
-from service.generation.runner import DecoderRunner
+from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
@@ -57,8 +61,11 @@ def generate(
     runner: DecoderRunner | SpeculativeRunner,
     requests: list[tuple[int, list[int], int]],
     penalty: float = 1.0,
+    before_step: Callable[[int], None] | None = None,
+    results: list[StepResult] | None = None,
 ) -> list[list[int]]:
-    """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens."""
+    """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens.
+    `before_step(step)` runs before each step; `results` receives each step's result."""
     params = [SamplingParams(max_new_tokens=n, repetition_penalty=penalty) for _, _, n in requests]
     seqs = [Sequence(prompt=p, params=q) for (_, p, _), q in zip(requests, params, strict=True)]
     running: list[Sequence] = []
@@ -66,7 +73,11 @@ def generate(
     while any(len(s.output) < s.params.max_new_tokens for s in seqs):
         joining = [s for s, (arrival, _, _) in zip(seqs, requests, strict=True) if arrival == step]
         running = [s for s in running if len(s.output) < s.params.max_new_tokens]
+        if before_step is not None:
+            before_step(step)
         result = runner.execute(StepPlan(prefill=joining, decode=running))
+        if results is not None:
+            results.append(result)
         for s in [*joining, *running]:
             for token in (result.tokens[s.id], *result.more.get(s.id, ())):
                 if len(s.output) < s.params.max_new_tokens:
@@ -102,6 +113,36 @@ def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded
     alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, penalty=1.3)
     speculative = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
     assert generate(speculative, REQUESTS, penalty=1.3) == alone
+
+
+@pytest.mark.parametrize(
+    "drafts", [("lm-teacher",), (None,), (None, "lm")], ids=["a-new-draft", "none", "none-then-one"]
+)
+def test_a_draft_replaced_while_sequences_run_keeps_the_teachers_text(
+    loaded: Loaded, drafts: tuple[str | None, ...]
+) -> None:
+    """A student's new version (or none) handed over mid-generation: the running sequences' contexts are
+    prefilled into the new draft, and the text stays the teacher's own."""
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS)
+    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
+    swaps = dict(zip((3, 9), drafts, strict=False))  # at steps 3 and 9, with sequences running
+
+    def swap(step: int) -> None:
+        if step in swaps:
+            name = swaps[step]
+            runner.replace_draft(None if name is None else DecoderRunner(*loaded[name]))
+
+    results: list[StepResult] = []
+    assert generate(runner, REQUESTS, before_step=swap, results=results) == alone
+    last = drafts[-1]
+    after = [r for r in results[max(swaps) :] if r.checked]
+    assert after
+    if last is None:  # the teacher alone: one token a step, nothing drafted
+        assert all(r.drafted == 0 and not any(r.more.values()) for r in after)
+    elif last == "lm-teacher":  # the teacher as its own draft: every draft kept
+        assert all(r.accepted == r.drafted for r in after) and sum(r.drafted for r in after) > 0
+    else:
+        assert sum(r.drafted for r in after) > 0
 
 
 def test_a_perfect_draft_is_always_kept(loaded: Loaded) -> None:
@@ -199,36 +240,68 @@ def test_auto_leaves_a_draft_as_costly_as_its_teacher_off(
     assert "speculative decoding off" in caplog.text  # the two tiny models are the same size
 
 
+def stage_version_2(repository: Path, name: str, teacher_version: int | None = None) -> None:
+    """Version 1 of `name` copied in as version 2 the way an export lands (renamed in whole); a student's
+    manifest naming `teacher_version` of its teacher when given."""
+    staging = repository / name / ".staging"
+    shutil.copytree(repository / name / "1", staging)
+    manifest = json.loads((staging / "manifest.json").read_text())
+    manifest["version"] = 2
+    if manifest.get("teacher") and teacher_version is not None:
+        manifest["teacher"]["version"] = teacher_version
+    (staging / "manifest.json").write_text(json.dumps(manifest))
+    staging.rename(repository / name / "2")
+
+
+def wait_for_served(client: TestClient, served: dict[str, int]) -> None:
+    deadline = time.monotonic() + 30
+    while {m["name"]: m["version"] for m in client.get("/v1/models").json()["models"]} != served:
+        assert time.monotonic() < deadline, client.post("/v2/repository/index").json()
+        time.sleep(0.05)
+
+
+def teacher_drafted(client: TestClient) -> float:
+    """Drafted tokens so far, after one more teacher request (which must succeed)."""
+    body = {"model": "lm-teacher", "prompt": "Acme was founded", "max_new_tokens": 8}
+    assert client.post("/v1/generate", json=body).status_code == 200
+    return metric_value(client.get("/metrics").text, "distilserve_draft_tokens_total", model="lm-teacher")
+
+
+def polled(lm_pair: Path, tmp_path: Path) -> tuple[Path, Settings]:
+    repository = tmp_path / "models"
+    shutil.copytree(lm_pair, repository)
+    return repository, Settings(
+        model_repository=repository, model_control="poll", repository_poll_s=0.1, speculative="on"
+    )
+
+
 def test_a_pair_exported_while_serving_drafts_too(lm_pair: Path, tmp_path: Path) -> None:
     """Under model control, a new teacher version loaded beside its new student gets the student as its
     draft before it starts (a teacher already decoding is never given one under its engine thread)."""
-    import json
-    import shutil
-    import time
-
-    repository = tmp_path / "models"
-    shutil.copytree(lm_pair, repository)
-    settings = Settings(
-        model_repository=repository, model_control="poll", repository_poll_s=0.1, speculative="on"
-    )
+    repository, settings = polled(lm_pair, tmp_path)
     with TestClient(create_app(settings)) as c:
         for name in ("lm", "lm-teacher"):  # the pair, version 2 of both, the student naming teacher 2
-            staging = repository / name / ".staging"
-            shutil.copytree(repository / name / "1", staging)
-            manifest = json.loads((staging / "manifest.json").read_text())
-            manifest["version"] = 2
-            if manifest.get("teacher"):
-                manifest["teacher"]["version"] = 2
-            (staging / "manifest.json").write_text(json.dumps(manifest))
-            staging.rename(repository / name / "2")
-        deadline = time.monotonic() + 30
-        while {m["name"]: m["version"] for m in c.get("/v1/models").json()["models"]} != {
-            "lm": 2,
-            "lm-teacher": 2,
-        }:
-            assert time.monotonic() < deadline, c.post("/v2/repository/index").json()
-            time.sleep(0.05)
-        body = {"model": "lm-teacher", "prompt": "Acme was founded", "max_new_tokens": 8}
-        assert c.post("/v1/generate", json=body).status_code == 200
-        drafted = metric_value(c.get("/metrics").text, "distilserve_draft_tokens_total", model="lm-teacher")
-        assert drafted > 0
+            stage_version_2(repository, name, teacher_version=2)
+        wait_for_served(c, {"lm": 2, "lm-teacher": 2})
+        assert teacher_drafted(c) > 0
+
+
+def test_a_serving_teacher_drafts_with_its_students_new_version_and_alone_once_it_is_gone(
+    lm_pair: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.runtime")
+    repository, settings = polled(lm_pair, tmp_path)
+    with TestClient(create_app(settings)) as c:
+        assert teacher_drafted(c) > 0  # drafting with lm v1
+        stage_version_2(repository, "lm")  # the student's next version, for the same teacher
+        wait_for_served(c, {"lm": 2, "lm-teacher": 1})
+        assert "lm v2 drafts for lm-teacher from its next step" in caplog.text
+        assert "lm v1 gone" not in caplog.text  # its successor had already taken over
+        before = teacher_drafted(c)
+        assert teacher_drafted(c) > before  # v2 drafts
+
+        shutil.rmtree(repository / "lm")  # the student removed: the teacher goes on alone
+        wait_for_served(c, {"lm-teacher": 1})
+        assert "lm v2 gone, lm-teacher decodes alone" in caplog.text
+        before = teacher_drafted(c)
+        assert teacher_drafted(c) == before
