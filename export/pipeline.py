@@ -8,17 +8,16 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 
-from common.provenance import git_revision, sha256_of
 from export.calibration import CASCADE_TASKS, calibrate_pair
 from export.chat import chat_spec
 from export.greedy import greedy_match
-from export.onnx_export import describe_graph, export_onnx
+from export.manifest import manifest_builder
+from export.onnx_export import export_onnx
 from export.parity import BOUNDS, NOT_CHECKED, Feeds, Outputs, ParityReport, compare
 from export.repository import write_version
 from export.tasks import (
@@ -35,9 +34,7 @@ from export.tasks import (
 from export.variants import (
     ALL_VARIANTS,
     INT8_RECIPES,
-    VARIANT_DEVICE,
     VARIANT_FILES,
-    VARIANT_PRECISION,
     Int8Recipe,
     build_int8,
     build_variant,
@@ -45,15 +42,9 @@ from export.variants import (
 from service.manifest import (
     MODEL_NAME_PATTERN,
     CascadeCalibration,
-    DistillationRecord,
     GenerationLayout,
-    Manifest,
-    ModelScore,
-    SpecialTokens,
     Task,
     TeacherRef,
-    TokenizerSpec,
-    VariantSpec,
 )
 
 GREEDY_PROMPTS = 8
@@ -113,26 +104,6 @@ def _window(tokenizer: Any, config: Any, wanted: int | None) -> int:
     if wanted is not None and wanted > limit:
         raise ExportError(f"max length {wanted} is past the model's limit of {limit} tokens")
     return limit if wanted is None else wanted
-
-
-def distillation_record(model_dir: Path) -> DistillationRecord | None:
-    """The student's `distill_report.json` (written by training/), if there is one."""
-    path = model_dir / "distill_report.json"
-    if not path.is_file():
-        return None
-    report = json.loads(path.read_text(encoding="utf-8"))
-    teacher, student = report.get("teacher", {}), report.get("student", {})
-    evaluation = report.get("eval", {})
-    return DistillationRecord(
-        metric=str(report.get("metric", "score")),
-        teacher=ModelScore(
-            source=str(teacher.get("source", "?")), params=teacher["params"], score=teacher.get("score")
-        ),
-        student=ModelScore(source=str(model_dir), params=student["params"], score=student.get("score")),
-        agreement=report.get("agreement"),
-        eval_source=evaluation.get("source"),
-        eval_examples=evaluation.get("examples"),
-    )
 
 
 @dataclass(frozen=True)
@@ -373,7 +344,7 @@ def export_model(
             raise ExportError(f"{model_dir} has no fast tokenizer (tokenizer.json); the service needs one")
         files = {VARIANT_FILES[v]: r.path for v, r in passed.items()} | {"tokenizer.json": tokenizer_file}
         rejected = {r.variant: "; ".join(r.problems) for r in result.variants if not r.passed}
-        manifest_for = _manifest_builder(
+        manifest_for = manifest_builder(
             name,
             spec,
             model,
@@ -391,87 +362,3 @@ def export_model(
         progress(f"writing {name} into {repository}")
         result.version_dir = write_version(repository, name, files, manifest_for)
     return result
-
-
-def _manifest_builder(
-    name: str,
-    spec: TaskSpec,
-    model: Any,
-    tokenizer: Any,
-    max_length: int,
-    passed: dict[str, VariantResult],
-    rejected: dict[str, str],
-    fp32: Path,
-    tokenizer_file: Path,
-    layout: GenerationLayout | None,
-    model_dir: Path,
-    teacher: TeacherRef | None,
-    cascade: CascadeCalibration | None,
-) -> Callable[[int], Manifest]:
-    inputs, outputs, opset_used = describe_graph(fp32)
-    variant_specs = {
-        v: VariantSpec(
-            file=VARIANT_FILES[v],
-            precision=VARIANT_PRECISION[v],  # type: ignore[arg-type]
-            device=VARIANT_DEVICE[v],  # type: ignore[arg-type]
-            optimized=v == "optimized",
-            size_bytes=r.size_bytes,
-            sha256=sha256_of(r.path),
-            parity=r.parity.as_dict(),
-            recipe=r.recipe,
-            refused_recipes=r.tried,
-        )
-        for v, r in passed.items()
-    }
-    special = SpecialTokens(
-        pad=tokenizer.pad_token_id,
-        cls=tokenizer.cls_token_id,
-        sep=tokenizer.sep_token_id,
-        mask=tokenizer.mask_token_id,
-        unk=tokenizer.unk_token_id,
-        bos=tokenizer.bos_token_id,
-        eos=tokenizer.eos_token_id,
-    )
-    chat = chat_spec(tokenizer) if spec.task == "text-generation" else None  # None: completions only
-    embedding = None
-    if spec.task == "sentence-embeddings":
-        from export.sentence_embedding import embedding_spec  # torch: imported only when exporting
-
-        embedding = embedding_spec(model)
-    id2label = getattr(model.config, "id2label", None) or {}
-    labels = {int(k): str(v) for k, v in id2label.items()} if spec.task == "text-classification" else {}
-    tokenizer_spec = TokenizerSpec(
-        sha256=sha256_of(tokenizer_file),
-        max_length=max_length,
-        pad_token_id=tokenizer.pad_token_id
-        if tokenizer.pad_token_id is not None
-        else (layout.pad_token_id if layout else 0) or 0,
-        lowercase=getattr(tokenizer, "do_lower_case", None),
-    )
-
-    def manifest_for(version: int) -> Manifest:
-        return Manifest(
-            name=name,
-            version=version,
-            task=spec.task,
-            labels=labels,
-            max_sequence_length=max_length,
-            inputs=inputs,
-            outputs=outputs,
-            variants=variant_specs,
-            rejected_variants=rejected,
-            tokenizer=tokenizer_spec,
-            special_tokens=special,
-            generation=layout,
-            chat=chat,
-            embedding=embedding,
-            distillation=distillation_record(model_dir),
-            teacher=teacher,
-            cascade=cascade,
-            opset=opset_used,
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            git_revision=git_revision(),
-            source_model=str(model_dir),
-        )
-
-    return manifest_for

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from export.pipeline import distillation_record
+from export.manifest import distillation_record
 from tests.tiny_models import CORPUS, build_tiny_llama, llama_bpe, tiny_llama
 from training import distil_lm, lm_cache
 from training.cli import app
