@@ -16,10 +16,8 @@ import torch
 import typer
 
 from common.cli import cli_app, line_console, print_error
-from common.progress import ProgressLog
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
-from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import PRESETS
 from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
 from training.runs import TASKS, distill, train_teacher
@@ -265,44 +263,6 @@ def teacher(
         )
 
 
-@app.command(name="import")
-def import_command(
-    source: Path = typer.Argument(
-        ..., exists=True, help="A .gguf file (byte-level BPE vocabulary) or a local HF causal LM directory."
-    ),
-    out: Path = typer.Option(..., "--out", file_okay=False, help="New HF model directory (a teacher)."),
-    probe: str = typer.Option(
-        DEFAULT_PROBE, "--probe", help="Prompt whose greedy continuation the import report records."
-    ),
-    threads: int | None = ThreadsOpt,
-) -> None:
-    """Import a causal LM as a float32 HF directory (safetensors, tokenizer, generation config, chat
-    template, import_report.json) that `teacher`, `distill` and `python -m export` take as a teacher."""
-    _check_out(out, str(source), "source")
-    _setup_threads(threads)
-    console = line_console(stderr=True)
-    with (
-        _user_errors(),
-        console.status("importing") as status,
-        ProgressLog.beside(console, "import") as progress_log,
-    ):
-
-        def progress(message: str) -> None:
-            status.update(message)
-            progress_log.update(status=message)
-
-        report = import_causal_lm(source, out, probe, progress=progress)
-    check = report["check"]
-    console.print(
-        f"[green]wrote {out}[/]: {report['architecture']}, {report['params']:,} parameters, "
-        f"{report['layers']} layers, {report['attention_heads']} heads / "
-        f"{report['key_value_heads']} KV heads; "
-        f"reloaded with max |logit diff| {check['max_abs_logit_diff_after_reload']:.1e}",
-        soft_wrap=True,  # one line each in a log, whatever the console's width
-    )
-    console.print(f"probe: {check['probe']!r} -> {check['continuation']!r}", soft_wrap=True)
-
-
 def _parse_layer_map(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -484,7 +444,7 @@ def main() -> None:
     app()
 
 
-# The causal-LM commands from a teacher-logit cache (lm-cache, distil-lm, eval-lm), the stages around
-# task distillation (general-distill, augment-qa) and sentence-embedding distillation (distill-embeddings)
-# register on `app` too.
+# The causal-LM commands (import; lm-cache, distil-lm, eval-lm from a teacher-logit cache), the stages
+# around task distillation (general-distill, augment-qa) and sentence-embedding distillation
+# (distill-embeddings) register on `app` too.
 from training import cli_embeddings, cli_lm, cli_stages  # noqa: E402, F401

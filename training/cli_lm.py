@@ -1,4 +1,5 @@
-"""`python -m training lm-cache | distil-lm | eval-lm`: a causal-LM student from a cache of teacher logits.
+"""`python -m training import | lm-cache | distil-lm | eval-lm`: a causal-LM teacher brought in (a GGUF
+file or a local HF directory), and a student from a cache of its logits.
 
 Three steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
 (training/lm_cache.py), train the student from it (training/distil_lm.py), then score both models on the
@@ -23,6 +24,7 @@ from common.progress import ProgressLog
 from training import distil_lm, lm_cache
 from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
 from training.data.loaders import load_text_data
+from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import count_parameters
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
 
@@ -39,6 +41,44 @@ def _device(cpu: bool) -> torch.device:
 def _load(path: str | Path, device: torch.device) -> PreTrainedModel:
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device).eval()  # type: ignore[arg-type]
+
+
+@app.command(name="import")
+def import_command(
+    source: Path = typer.Argument(
+        ..., exists=True, help="A .gguf file (byte-level BPE vocabulary) or a local HF causal LM directory."
+    ),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="New HF model directory (a teacher)."),
+    probe: str = typer.Option(
+        DEFAULT_PROBE, "--probe", help="Prompt whose greedy continuation the import report records."
+    ),
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Import a causal LM as a float32 HF directory (safetensors, tokenizer, generation config, chat
+    template, import_report.json) that `teacher`, `distill` and `python -m export` take as a teacher."""
+    _check_out(out, str(source), "source")
+    _setup_threads(threads)
+    console = line_console(stderr=True)
+    with (
+        _user_errors(),
+        console.status("importing") as status,
+        ProgressLog.beside(console, "import") as progress_log,
+    ):
+
+        def progress(message: str) -> None:
+            status.update(message)
+            progress_log.update(status=message)
+
+        report = import_causal_lm(source, out, probe, progress=progress)
+    check = report["check"]
+    console.print(
+        f"[green]wrote {out}[/]: {report['architecture']}, {report['params']:,} parameters, "
+        f"{report['layers']} layers, {report['attention_heads']} heads / "
+        f"{report['key_value_heads']} KV heads; "
+        f"reloaded with max |logit diff| {check['max_abs_logit_diff_after_reload']:.1e}",
+        soft_wrap=True,  # one line each in a log, whatever the console's width
+    )
+    console.print(f"probe: {check['probe']!r} -> {check['continuation']!r}", soft_wrap=True)
 
 
 @app.command(name="lm-cache")

@@ -34,8 +34,9 @@ def test_quick_demo_writes_hf_dirs_and_reports(lm_pairs: dict[str, tuple[Path, P
     assert report["task"] == task and report["metric"] == metric
     assert report["higher_is_better"] is (task == "fill-mask")
     teacher, student = report["teacher"], report["student"]
-    for entry in (teacher, student):
-        assert entry["score"] == entry["metrics"][metric] and entry["score"] > 0
+    for entry in (teacher, student):  # a quick demo's masked-token accuracy may be 0 (a few dozen masks)
+        assert entry["score"] == entry["metrics"][metric]
+        assert 0 <= entry["score"] <= 1 if metric == "accuracy" else entry["score"] >= 1
     assert student["params"] < teacher["params"] and student["layers"] < teacher["layers"]
     assert student["layer_map"] == [0] and 0.0 <= report["agreement"] <= 1.0
     assert report["labels"] == {}
