@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Sequence as Seq
 
@@ -100,6 +101,7 @@ class SpeculativeRunner:
         self.teacher, self.draft, self.k, self.window = teacher, draft, k, window
         self._caches: tuple[SlotCache, SlotCache | None] | None = None
         self._next_draft: tuple[DecoderRunner | None] | None = None  # handed over, taken at the next step
+        self._handover = threading.Lock()  # replace_draft's thread against the engine thread taking it
 
     @property
     def layout(self) -> GenerationLayout:
@@ -114,13 +116,16 @@ class SpeculativeRunner:
     def replace_draft(self, draft: DecoderRunner | None) -> None:
         """Draft with `draft` (None: none) from the next step on; any thread may call it (the engine thread
         takes it between steps, never under a running one)."""
-        self._next_draft = (draft,)
+        with self._handover:
+            self._next_draft = (draft,)
 
     def _take_draft(self) -> None:
-        handed = self._next_draft
+        if self._next_draft is None:  # most steps: nothing handed over (read without the lock)
+            return
+        with self._handover:
+            handed, self._next_draft = self._next_draft, None
         if handed is None:
             return
-        self._next_draft = None
         self.draft = handed[0]
         if self._caches is not None:  # the running rows get the new draft's cache in _step (catch-up)
             self._caches = (self._caches[0], None)
