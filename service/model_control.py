@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from service.batching import ClientWork
+from service.drafts import attach_drafts, follow_student
 from service.ipc import EngineUnavailableError, IndexRow, Placement
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError
@@ -33,8 +34,6 @@ from service.runtime import (
     EngineFactory,
     EngineModel,
     StartupError,
-    attach_drafts,
-    follow_student,
     load_engine_model,
 )
 from service.settings import Settings

@@ -289,7 +289,7 @@ def test_a_pair_exported_while_serving_drafts_too(lm_pair: Path, tmp_path: Path)
 def test_a_serving_teacher_drafts_with_its_students_new_version_and_alone_once_it_is_gone(
     lm_pair: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="service.runtime")
+    caplog.set_level(logging.INFO, logger="service.drafts")
     repository, settings = polled(lm_pair, tmp_path)
     with TestClient(create_app(settings)) as c:
         assert teacher_drafted(c) > 0  # drafting with lm v1

@@ -1,0 +1,98 @@
+"""Speculative decoding's wiring: which served teacher drafts with which served student
+(service.generation.speculative does the drafting). At start-up and for a teacher version loaded while
+serving, `attach_drafts`; for a student version loaded or unloaded while its teacher serves,
+`follow_student`."""
+
+from __future__ import annotations
+
+import logging
+
+from service.generation.runner import DecoderRunner
+from service.generation.speculative import SpeculativeRunner, pays_off
+from service.runtime import EngineModel
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def attach_drafts(models: list[EngineModel], settings: Settings, teachers: EngineModel | None = None) -> None:
+    """Speculative decoding: each generation teacher served with a student of the same tokenizer gets
+    the student as its draft (service.generation.speculative), where settings and step costs say so.
+    `teachers`: only this one (a version loaded while serving, before it starts: a teacher already
+    decoding keeps its runner, never swapped under its engine thread; `follow_student` changes its draft)."""
+    for student in models:
+        teacher = _teacher_of(student, models)
+        if teacher is None or teacher.generation is None or student.generation is None:
+            continue
+        if teachers is not None and teacher is not teachers:
+            continue
+        if isinstance(teacher.generation.runner, SpeculativeRunner):
+            continue
+        draft = _usable_draft(teacher, student, settings)
+        if draft is None:
+            continue
+        teacher.generation.runner = SpeculativeRunner(
+            teacher.generation.runner,
+            draft,
+            settings.speculative_tokens,
+            teacher.manifest.max_sequence_length,
+        )
+        log.info(
+            "speculative decoding: %s drafts for %s, k=%d",
+            student.name,
+            teacher.name,
+            settings.speculative_tokens,
+        )
+
+
+def follow_student(
+    models: list[EngineModel], student: EngineModel, settings: Settings, gone: bool = False
+) -> None:
+    """A student version loaded (or, `gone`, unloaded) while its teacher decodes speculatively: the teacher
+    drafts with the new version from its next step (with none usable, or the student gone, it decodes
+    alone). Timing the draft (auto) blocks: call it off the event loop."""
+    teacher = _teacher_of(student, models)
+    if teacher is None or teacher.generation is None:
+        return
+    runner = teacher.generation.runner
+    if not isinstance(runner, SpeculativeRunner):
+        return
+    if gone:
+        current = runner.drafting_with
+        if current is not None and current.engine is student.engine:
+            runner.replace_draft(None)
+            log.info("speculative decoding: %s v%d gone, %s decodes alone", *_named(student), teacher.name)
+        return
+    draft = _usable_draft(teacher, student, settings)
+    runner.replace_draft(draft)
+    log.info(
+        "speculative decoding: %s v%d %s for %s from its next step",
+        *_named(student),
+        "drafts" if draft is not None else "does not draft",
+        teacher.name,
+    )
+
+
+def _teacher_of(student: EngineModel, models: list[EngineModel]) -> EngineModel | None:
+    ref = student.manifest.teacher
+    if ref is None:
+        return None
+    return next((m for m in models if (m.name, m.manifest.version) == (ref.name, ref.version)), None)
+
+
+def _named(model: EngineModel) -> tuple[str, int]:
+    return model.name, model.manifest.version
+
+
+def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings) -> DecoderRunner | None:
+    """The student as the teacher's draft, unless the tokenizers differ, settings say off, or (auto) a draft
+    step costs too much of a teacher's (timed now)."""
+    if student.manifest.generation is None or settings.speculative == "off":
+        return None
+    if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
+        log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
+        return None
+    draft = DecoderRunner(student.engine, student.manifest.generation)
+    if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
+        return None
+    return draft
