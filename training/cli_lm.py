@@ -1,9 +1,10 @@
-"""`python -m training import | lm-cache | distil-lm | eval-lm`: a causal-LM teacher brought in (a GGUF
-file or a local HF directory), and a student from a cache of its logits.
+"""`python -m training import | lm-cache | lm-generate | distil-lm | eval-lm`: a causal-LM teacher brought
+in (a GGUF file or a local HF directory), and a student from a cache of its logits.
 
-Three steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
-(training/lm_cache.py), train the student from it (training/distil_lm.py), then score both models on the
-same eval blocks, perplexity and speed side by side in one process.
+The steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
+(training/lm_cache.py), optionally over more text the teacher writes itself (training/lm_generate.py), train
+the student from it (training/distil_lm.py), then score both models on the same eval blocks, perplexity and
+speed side by side in one process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from common.cli import line_console
 from common.progress import ProgressLog
-from training import distil_lm, lm_cache
+from training import distil_lm, lm_cache, lm_generate
 from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
 from training.data.loaders import load_text_data
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
@@ -130,6 +131,64 @@ def lm_cache_command(
         f"{out}: {done}/{meta.num_blocks} blocks of {block_size} tokens cached (top {top_k}); "
         f"this session {done - done_before} blocks in {seconds:.0f} s "
         f"({new_tokens / max(seconds, 1e-9):.0f} teacher tokens/s)",
+        soft_wrap=True,
+    )
+
+
+@app.command(name="lm-generate")
+def lm_generate_command(
+    teacher: Path = typer.Option(
+        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
+    ),
+    train: Path = typer.Option(
+        ..., "--train", exists=True, dir_okay=False, help="Plain text whose lines' openings are the prompts."
+    ),
+    out: Path = typer.Option(..., "--out", dir_okay=False, help="Text file written (or continued)."),
+    prompts: int = typer.Option(..., "--prompts", min=1, help="Continuations to write in all."),
+    prompt_tokens: int = typer.Option(32, "--prompt-tokens", min=1, help="Tokens of a real line per prompt."),
+    new_tokens: int = typer.Option(224, "--new-tokens", min=1, help="Tokens the teacher adds per prompt."),
+    temperature: float = typer.Option(1.0, "--temperature", min=0.01),
+    top_p: float = typer.Option(0.95, "--top-p", min=0.01, max=1.0),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Prompts per generate call."),
+    seed: int = typer.Option(0, "--seed"),
+    time_limit: float | None = TimeLimitOpt,
+    cpu: bool = CpuOpt,
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Sample the teacher's continuations of the training text's lines into a text file: more text for
+    `lm-cache` and `distil-lm` once the student has seen all of the real text (training/lm_generate.py)."""
+    _setup_threads(threads)
+    console = line_console(stderr=True)
+    settings = lm_generate.GenerateSettings(
+        teacher=str(teacher.resolve()),
+        source=str(train.resolve()),
+        prompts=prompts,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+    with _user_errors():
+        model = _load(teacher, _device(cpu))
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        started = time.monotonic()
+        done_before = lm_generate.prompts_done(out) if out.exists() else 0
+        with ProgressLog("lm-generate", prompts, unit="prompts", completed=done_before, active=True) as log:
+            done = lm_generate.generate(
+                model,
+                tokenizer,
+                out,
+                settings,
+                batch_size=batch_size,
+                time_limit_s=None if time_limit is None else time_limit * 60,
+                progress=lambda n, total: log.update(completed=n, status=f"of {total}"),
+            )
+    seconds = time.monotonic() - started
+    new = (done - done_before) * new_tokens
+    console.print(
+        f"{out}: {done}/{prompts} continuations written; this session {done - done_before} "
+        f"in {seconds:.0f} s (at most {new / max(seconds, 1e-9):.0f} generated tokens/s)",
         soft_wrap=True,
     )
 

@@ -9,7 +9,11 @@
 # DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BATCH (32 blocks of
 # 256 tokens), LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
 # (10), RECIPES (name:alpha_kd:alpha_hard, space-separated, run side by side; "mixed1:1:1", the figure in
-# docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"), PY (python3).
+# docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"), STEPS (steps per recipe; set, it skips
+# the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
+# first continues that many openings of train's lines, `lm-generate`, and the cache covers train and that
+# text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
+# GEN_BATCH (256), PY (python3).
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
 if [[ $# -ne 4 ]]; then  # --help, or arguments missing: the comment above
@@ -30,7 +34,16 @@ stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 
 [[ -d $WORK/teacher ]] || $PY -m training import "$GGUF" --out "$WORK/teacher"
 stamp imported
-$PY -m training lm-cache --teacher "$WORK/teacher" --train "$DATA/wikitext2_raw_train.txt" --out "$WORK/cache" \
+train=$DATA/wikitext2_raw_train.txt
+if [[ -n ${GEN_PROMPTS:-} ]]; then
+  $PY -m training lm-generate --teacher "$WORK/teacher" --train "$train" --out "$WORK/generated.txt" \
+    --prompts "$GEN_PROMPTS" --prompt-tokens "${GEN_PROMPT_TOKENS:-32}" --new-tokens "${GEN_NEW_TOKENS:-224}" \
+    --batch-size "${GEN_BATCH:-256}"
+  stamp "generated $(wc -l < "$WORK/generated.txt") lines"
+  cat "$train" "$WORK/generated.txt" > "$WORK/train-plus-generated.txt"
+  train=$WORK/train-plus-generated.txt
+fi
+$PY -m training lm-cache --teacher "$WORK/teacher" --train "$train" --out "$WORK/cache" \
   --top-k 64 --block-size 256 --batch-size 64
 stamp cached
 blocks=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['num_blocks'])" "$WORK/cache/meta.json")
@@ -41,18 +54,23 @@ distil() {  # distil NAME ALPHA_KD ALPHA_HARD STEPS [more flags]
     --alpha-hard "$3" --bf16 --freeze-embeddings --checkpoint-every 1000000 "${@:5}"
 }
 
-# probe: how many steps one run makes in 30 s of training
-rm -rf "$WORK/probe"
-distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
-read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
-runs=$(wc -w <<< "$RECIPES")
-steps=$($PY -c "
+if [[ -n ${STEPS:-} ]]; then
+  steps=$STEPS
+  stamp "each recipe trains $steps steps of $BATCH blocks" \
+    "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
+else  # probe: how many steps one run makes in 30 s of training
+  rm -rf "$WORK/probe"
+  distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
+  read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
+  runs=$(wc -w <<< "$RECIPES")
+  steps=$($PY -c "
 import sys; p_steps, p_s, budget, runs, blocks, batch, epochs = map(float, sys.argv[1:])
 parallel = 1.0 if runs == 1 else 0.55  # each of several runs at once gets at least ~half the GPU
 print(int(min(p_steps / p_s * budget * parallel, epochs * blocks / batch)))" \
-  "$probe_steps" "$probe_s" "$TRAIN_S" "$runs" "$blocks" "$BATCH" "$MAX_EPOCHS")
-stamp "probe: $probe_steps steps in $probe_s s; each recipe trains $steps steps of $BATCH blocks" \
-  "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
+    "$probe_steps" "$probe_s" "$TRAIN_S" "$runs" "$blocks" "$BATCH" "$MAX_EPOCHS")
+  stamp "probe: $probe_steps steps in $probe_s s; each recipe trains $steps steps of $BATCH blocks" \
+    "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
+fi
 
 for recipe in $RECIPES; do
   IFS=: read -r name kd hard <<< "$recipe"

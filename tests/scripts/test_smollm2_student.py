@@ -1,0 +1,84 @@
+"""scripts/device/smollm2_student.sh end to end on this CPU with a tiny GGUF teacher: every step a lent GPU
+would run (import, the teacher's continuations, the cache, two recipes side by side, scoring, packing), so a
+mistake in the script costs a test run here rather than a GPU's minutes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.tiny_models import CORPUS, llama_bpe, tiny_llama
+from tests.training.tiny_gguf import write_tiny_gguf
+
+ROOT = Path(__file__).parents[2]
+SCRIPT = ROOT / "scripts" / "device" / "smollm2_student.sh"
+
+
+def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    tokenizer = llama_bpe()
+    gguf_file = tmp_path / "tiny.Q4_1.gguf"
+    write_tiny_gguf(tiny_llama(len(tokenizer), positions=256, std=0.2), tokenizer, gguf_file)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "wikitext2_raw_train.txt").write_text("\n".join(CORPUS * 2) + "\n")
+    (data / "wikitext2_raw_valid.txt").write_text("\n".join(reversed(CORPUS)) + "\n")
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "LAYERS": "1",
+        "BATCH": "2",
+        "STEPS": "2",
+        "LR": "1e-2",  # two steps apart from the same start: far enough to tell the recipes apart
+        "GEN_PROMPTS": "6",
+        "GEN_BATCH": "3",
+        "GEN_PROMPT_TOKENS": "4",
+        "GEN_NEW_TOKENS": "24",
+        "RECIPES": "kd:1:0 mixed:1:1",
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(gguf_file), str(data), str(work), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "generated" in result.stdout and "packing" in result.stdout
+
+    generated = (work / "generated.txt").read_text().splitlines()
+    assert len(generated) >= 6
+    meta = json.loads((work / "cache" / "meta.json").read_text())
+    assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
+    ratios = {}
+    for name in ("kd", "mixed"):
+        state = json.loads((work / name / "train_state.json").read_text())
+        assert state["step"] == 2
+        ratios[name] = json.loads((work / name / "lm_eval.json").read_text())["perplexity_ratio"]
+
+    best = min(ratios, key=ratios.__getitem__)
+    spec = importlib.util.spec_from_file_location("pack_student", SCRIPT.with_name("pack_student.py"))
+    assert spec is not None and spec.loader is not None
+    pack_student = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack_student)
+    pack_student.unpack(out, work / "teacher", tmp_path / "back")
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        back = AutoModelForCausalLM.from_pretrained(tmp_path / "back")(ids).logits
+        gap = {
+            name: float((AutoModelForCausalLM.from_pretrained(work / name)(ids).logits - back).abs().max())
+            for name in ratios
+        }
+    other = next(name for name in ratios if name != best)
+    assert gap[best] < 3e-2 < gap[other], gap  # the best recipe came back, as float16 weights
