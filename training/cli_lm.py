@@ -30,6 +30,7 @@ from training.models import count_parameters
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
 
 CpuOpt = typer.Option(False, "--cpu", help="Run on CPU even when a GPU is present.")
+TeacherDirOpt = typer.Option(..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory.")
 TimeLimitOpt = typer.Option(
     None, "--time-limit", min=0.0, help="Stop (everything written, resumable) after this many minutes."
 )
@@ -84,9 +85,7 @@ def import_command(
 
 @app.command(name="lm-cache")
 def lm_cache_command(
-    teacher: Path = typer.Option(
-        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
-    ),
+    teacher: Path = TeacherDirOpt,
     train: Path = typer.Option(
         ..., "--train", exists=True, dir_okay=False, help="Plain text, one paragraph a line."
     ),
@@ -137,9 +136,7 @@ def lm_cache_command(
 
 @app.command(name="lm-generate")
 def lm_generate_command(
-    teacher: Path = typer.Option(
-        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
-    ),
+    teacher: Path = TeacherDirOpt,
     train: Path = typer.Option(
         ..., "--train", exists=True, dir_okay=False, help="Plain text whose lines' openings are the prompts."
     ),
@@ -195,9 +192,7 @@ def lm_generate_command(
 
 @app.command(name="distil-lm")
 def distil_lm_command(
-    teacher: Path = typer.Option(
-        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
-    ),
+    teacher: Path = TeacherDirOpt,
     cache: Path = typer.Option(..., "--cache", exists=True, file_okay=False, help="A cache from lm-cache."),
     out: Path = typer.Option(..., "--out", file_okay=False, help="Student HF directory and its checkpoint."),
     layers: int = typer.Option(10, "--layers", min=1, help="Student depth."),
@@ -329,9 +324,7 @@ def distill_report(teacher: Path, student: Path, eval_file: Path, summary: dict[
 
 @app.command(name="eval-lm")
 def eval_lm_command(
-    teacher: Path = typer.Option(
-        ..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory."
-    ),
+    teacher: Path = TeacherDirOpt,
     student: Path = typer.Option(
         ..., "--student", exists=True, file_okay=False, help="Student HF directory."
     ),
