@@ -31,8 +31,10 @@
 # Every step resumes: run it again and the cache and the training continue where they stopped. Knobs:
 # LM_BLOCKS (blocks of 256 tokens to cache, 400; all of train is 9720), LM_STEPS (optimiser steps of the
 # whole run, 120), LM_BATCH (blocks per step, 4), LM_ALPHA_HARD (weight of the text's own next token beside
-# the teacher's top-64, 1), LM_MINUTES (stop each of the two long steps after this many minutes,
-# resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32). The student keeps the
+# the teacher's top-64, 1), LM_MINUTES (stop each of the long steps after this many minutes,
+# resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32), LM_GENERATE (the teacher
+# first writes this many continuations of train's lines, `lm-generate`, and the student learns from train and
+# them: build/real/smollm2/{cache,student}-plus-generated; empty: train alone). The student keeps the
 # teacher's embeddings (--freeze-embeddings). The figure in docs/benchmarks.md (perplexity 1.26x the
 # teacher's) is this recipe on all of train for 10 passes: on one GPU, `MP=bf16 LM_BLOCKS=9720 LM_BATCH=32
 # LM_STEPS=3037`, ~4 min (scripts/device/smollm2_student.sh ran it); ~36 h on the 2-core CPU.
@@ -61,6 +63,7 @@ LM_BATCH=${LM_BATCH:-4}
 LM_ALPHA_HARD=${LM_ALPHA_HARD:-1}  # 1: perplexity 1.30x the teacher's on a GPU run, 0.5: 1.41x, 0 (KD alone): 2.12x
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
+LM_GENERATE=${LM_GENERATE:-}
 SQUAD_GENERAL=${SQUAD_GENERAL:-300}
 SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
 SQUAD_STUDENT_DROPOUT=${SQUAD_STUDENT_DROPOUT-0}  # the QA student's dropout (0: 88.3 % of the teacher, 0.1: 86.4 %)
@@ -169,16 +172,29 @@ lm_limit() {  # the --time-limit option, when LM_MINUTES is set
 
 smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers from it, score both
   local d=$OUT/smollm2 bf16="" warmup=$((LM_STEPS / 60 > 10 ? LM_STEPS / 60 : 10))
+  local train=$DATA/wikitext2_raw_train.txt cache=$d/cache student=$d/student
   [[ -d $d/teacher ]] || { echo "run scripts/real-data.sh smollm2 first (imports the teacher)" >&2; exit 1; }
   [[ $MP == bf16 ]] && bf16=--bf16
-  timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$DATA/wikitext2_raw_train.txt" \
-    --out "$d/cache" --top-k 64 --block-size 256 --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
-  timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$d/cache" --out "$d/student" \
+  if [[ -n $LM_GENERATE ]]; then  # the teacher's continuations beside train: their own cache and student
+    timed smollm2-generate $PY -m training lm-generate --teacher "$d/teacher" --train "$train" \
+      --out "$d/generated.txt" --prompts "$LM_GENERATE" --batch-size 8 $(lm_limit)
+    local written
+    written=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts_done'])" "$d/generated.txt.progress.json")
+    if (( written < LM_GENERATE )); then  # the cache's blocks are fixed when it is created: wait for all
+      echo "lm-generate wrote $written of $LM_GENERATE continuations: run again to continue" >&2
+      return 0
+    fi
+    cat "$train" "$d/generated.txt" > "$d/train-plus-generated.txt"
+    train=$d/train-plus-generated.txt cache=$d/cache-plus-generated student=$d/student-plus-generated
+  fi
+  timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$train" \
+    --out "$cache" --top-k 64 --block-size 256 --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
+  timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
     --layers 10 --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
     --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
-  timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$d/student" \
+  timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --batch-size 4
-  timed smollm2-student-export $PY -m export "$d/student" --task text-generation --name smollm2 \
+  timed smollm2-student-export $PY -m export "$student" --task text-generation --name smollm2 \
     --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt" \
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
