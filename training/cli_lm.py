@@ -30,6 +30,7 @@ from training.models import count_parameters
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
 
 CpuOpt = typer.Option(False, "--cpu", help="Run on CPU even when a GPU is present.")
+Bf16Opt = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU).")
 TeacherDirOpt = typer.Option(..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory.")
 TimeLimitOpt = typer.Option(
     None, "--time-limit", min=0.0, help="Stop (everything written, resumable) after this many minutes."
@@ -148,6 +149,7 @@ def lm_generate_command(
     top_p: float = typer.Option(0.95, "--top-p", min=0.01, max=1.0),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Prompts per generate call."),
     seed: int = typer.Option(0, "--seed"),
+    bf16: bool = Bf16Opt,
     time_limit: float | None = TimeLimitOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
@@ -178,6 +180,7 @@ def lm_generate_command(
                 out,
                 settings,
                 batch_size=batch_size,
+                bf16=bf16,
                 time_limit_s=None if time_limit is None else time_limit * 60,
                 progress=lambda n, total: log.update(completed=n, status=f"of {total}"),
             )
@@ -209,7 +212,7 @@ def distil_lm_command(
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
     time_limit: float | None = TimeLimitOpt,
-    bf16: bool = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU)."),
+    bf16: bool = Bf16Opt,
     freeze_embeddings: bool = typer.Option(
         False, "--freeze-embeddings", help="Keep the teacher's token embeddings (and a head tied to them)."
     ),

@@ -38,7 +38,7 @@ train=$DATA/wikitext2_raw_train.txt
 if [[ -n ${GEN_PROMPTS:-} ]]; then
   $PY -m training lm-generate --teacher "$WORK/teacher" --train "$train" --out "$WORK/generated.txt" \
     --prompts "$GEN_PROMPTS" --prompt-tokens "${GEN_PROMPT_TOKENS:-32}" --new-tokens "${GEN_NEW_TOKENS:-224}" \
-    --batch-size "${GEN_BATCH:-256}"
+    --batch-size "${GEN_BATCH:-256}" --bf16
   stamp "generated $(wc -l < "$WORK/generated.txt") lines"
   cat "$train" "$WORK/generated.txt" > "$WORK/train-plus-generated.txt"
   train=$WORK/train-plus-generated.txt
