@@ -13,7 +13,8 @@ One server, the pair as exported (`python -m export ... --teacher-dir`, which ca
    student's and teacher's served answers), the threshold is applied to the odd rows it never saw.
 3. Throughput: wrk at `--connections` (64), one input a request, eval inputs drawn at random: the cascade,
    the teacher alone, the student alone, `--seconds` each, side by side on the same server.
-A plot: quality against the share sent to the teacher over every threshold, the calibrated point marked.
+A plot: quality against the share sent to the teacher over every threshold, the calibrated point marked, and
+the oracle's curve: the least any confidence measure could send with this student (`oracle`).
 """
 
 from __future__ import annotations
@@ -168,8 +169,29 @@ def sweep(data: EvalSet, student: Pass, teacher: Pass) -> list[tuple[float, floa
     return points
 
 
+def oracle(data: EvalSet, student: Pass, teacher: Pass) -> list[tuple[float, float]]:
+    """(share sent to the teacher, quality) for a cascade that knows each input's gain: it sends only the
+    inputs where the teacher's answer scores higher, the largest gains first. No confidence measure does
+    better, so this is the bound the student itself sets (the quality is a mean over inputs: accuracy, F1)."""
+
+    def each(answers: list[str]) -> np.ndarray:
+        return np.array([data.quality([a], [g]) for a, g in zip(answers, data.gold, strict=True)])
+
+    alone, by_teacher = each(student.answers), each(teacher.answers)
+    gains = np.sort(by_teacher - alone)[::-1]
+    gains = gains[gains > 0]
+    count = len(alone)
+    reached = alone.mean() + np.concatenate([[0.0], np.cumsum(gains)]) / count
+    return [(sent / count, float(q)) for sent, q in enumerate(reached)]
+
+
 def plot(
-    points: list[tuple[float, float, float]], quality: Quality, name: str, metric: str, path: Path
+    points: list[tuple[float, float, float]],
+    bound: list[tuple[float, float]],
+    quality: Quality,
+    name: str,
+    metric: str,
+    path: Path,
 ) -> None:
     import matplotlib
 
@@ -178,6 +200,13 @@ def plot(
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot([100 * p[1] for p in points], [100 * p[2] for p in points], color="tab:blue", label="cascade")
+    ax.plot(
+        [100 * f for f, _ in bound],
+        [100 * q for _, q in bound],
+        color="tab:gray",
+        linestyle="-.",
+        label="oracle (sends exactly the inputs the teacher does better on)",
+    )
     ax.axhline(100 * quality.teacher, color="tab:green", linestyle="--", label="teacher alone")
     ax.axhline(100 * quality.student, color="tab:orange", linestyle=":", label="student alone")
     ax.plot(
@@ -227,7 +256,7 @@ def throughput(
 
 def measure_quality(
     base: str, data: EvalSet, student: str, teacher: str, target: float
-) -> tuple[Quality, list[tuple[float, float, float]]]:
+) -> tuple[Quality, list[tuple[float, float, float]], list[tuple[float, float]]]:
     ways = {"student alone": (student, 0.0), "cascade": (student, None), "teacher alone": (teacher, None)}
     passes = {}
     with ProgressLog.beside(console, "eval passes", len(ways) * len(data.items), unit="inputs") as progress:
@@ -247,7 +276,7 @@ def measure_quality(
         threshold=_served_threshold(base, student),
         held_out=held_out(data, alone, by_teacher, target),
     )
-    return quality, sweep(data, alone, by_teacher)
+    return quality, sweep(data, alone, by_teacher), oracle(data, alone, by_teacher)
 
 
 def _served_threshold(base: str, student: str) -> float:
@@ -315,17 +344,29 @@ def live_report(live: Live, alone: LoadResult, quality: Quality) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fewest(points: list[tuple[float, float, float]], quality: Quality, data: EvalSet) -> str:
+def fewest(
+    points: list[tuple[float, float, float]],
+    bound: list[tuple[float, float]],
+    quality: Quality,
+    data: EvalSet,
+) -> str:
     """The least sent to the teacher for a quality within 0.2 and 0.5 points of the teacher's (offline,
-    from the student's and teacher's served answers)."""
+    from the student's and teacher's served answers), by threshold and by the oracle."""
     lines = []
     for points_off in (0.2, 0.5):
-        within = [p for p in points if p[2] >= quality.teacher - points_off / 100]
+        floor = quality.teacher - points_off / 100
+        within = [p for p in points if p[2] >= floor]
         if within:
             t, f, q = min(within, key=lambda p: p[1])
             lines.append(
                 f"Fewest sent to the teacher with {data.quality_name} within {points_off} points of the "
                 f"teacher's: {f:.1%} (threshold {t:.4f}, {data.quality_name} {q:.4f})."
+            )
+        best = next((f for f, q in bound if q >= floor), None)
+        if best is not None:
+            lines.append(
+                f"  An oracle sending only the inputs the teacher does better on, largest gain first: "
+                f"{best:.1%} (the least any confidence measure could send with this student)."
             )
     return "\n".join(lines) + "\n"
 
@@ -410,12 +451,12 @@ def main(
     offline = (manifest.get("distillation") or {}).get("agreement")
     with serve(repository, {}) as base:
         _served_threshold(base, student)  # refuse before measuring anything
-        quality, points = measure_quality(base, data, student, teacher, target)
+        quality, points, bound = measure_quality(base, data, student, teacher, target)
         extra = [float(t) for t in thresholds.split(",") if t.strip()]
         speed = throughput(base, data, student, teacher, connections, seconds, extra)
     live = replay_with_shadows(repository, data, student, offline, connections, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(student, data, quality, speed, target, connections) + fewest(points, quality, data)
+    text = report(student, data, quality, speed, target, connections) + fewest(points, bound, quality, data)
     text += live_report(live, speed["student alone"], quality)
     (out / f"cascade-{student}.md").write_text(text, encoding="utf-8")
     record = {
@@ -423,9 +464,10 @@ def main(
         "throughput": {k: asdict(v) for k, v in speed.items()},
         "live": asdict(live),
         "sweep": [{"threshold": t, "to_teacher": f, data.quality_name: q} for t, f, q in points],
+        "oracle": [{"to_teacher": f, data.quality_name: q} for f, q in bound],
     }
     (out / f"cascade-{student}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    plot(points, quality, student, data.quality_name, out / f"cascade-{student}.png")
+    plot(points, bound, quality, student, data.quality_name, out / f"cascade-{student}.png")
     print(text)
 
 
