@@ -27,7 +27,7 @@ from service.manifest import (
 )
 
 if TYPE_CHECKING:
-    from export.pipeline import VariantResult
+    from export.variants import VariantResult
 
 
 def distillation_record(model_dir: Path) -> DistillationRecord | None:

@@ -36,6 +36,7 @@ from export.variants import (
     INT8_RECIPES,
     VARIANT_FILES,
     Int8Recipe,
+    VariantResult,
     build_int8,
     build_variant,
 )
@@ -53,22 +54,6 @@ GREEDY_NEW_TOKENS = 16
 
 class ExportError(RuntimeError):
     """The export cannot produce a servable version (nothing is written)."""
-
-
-@dataclass
-class VariantResult:
-    variant: str
-    path: Path
-    parity: ParityReport
-    problems: list[str]
-    seconds: float
-    size_bytes: int
-    recipe: str | None = None  # int8: the recipe this graph was quantized with (export.variants.Int8Recipe)
-    tried: list[str] = field(default_factory=list)  # int8: the recipes the gate refused first, and why
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
 
 
 @dataclass

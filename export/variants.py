@@ -7,9 +7,11 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+from export.parity import ParityReport
 
 if TYPE_CHECKING:
     import onnx
@@ -23,6 +25,24 @@ VARIANT_FILES = {
 VARIANT_PRECISION = {"fp32": "fp32", "optimized": "fp32", "int8": "int8", "fp16": "fp16"}
 VARIANT_DEVICE = {"fp32": "any", "optimized": "cpu", "int8": "cpu", "fp16": "gpu"}
 ALL_VARIANTS = tuple(VARIANT_FILES)
+
+
+@dataclass
+class VariantResult:
+    """One variant built and put through the parity gate: passed when no problem was found."""
+
+    variant: str
+    path: Path
+    parity: ParityReport
+    problems: list[str]
+    seconds: float
+    size_bytes: int
+    recipe: str | None = None  # int8: the recipe this graph was quantized with (Int8Recipe)
+    tried: list[str] = field(default_factory=list)  # int8: the recipes the gate refused first, and why
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
 
 
 @dataclass(frozen=True)
