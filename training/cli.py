@@ -6,181 +6,48 @@ here and are filled in from `training.recipes.DEFAULTS`, so the CLI and the libr
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, cast
 
-import torch
 import typer
 
-from common.cli import cli_app, line_console, print_error
+from common.cli import line_console
+from training.cli_common import (
+    DATA_HELP,
+    DEFAULTS_HELP,
+    AccumOpt,
+    BatchOpt,
+    CheckpointDirOpt,
+    CheckpointEveryOpt,
+    CpuOpt,
+    DecayOpt,
+    DropoutOpt,
+    EpochsOpt,
+    EvalOpt,
+    MaxLenOpt,
+    MaxStepsOpt,
+    PatienceOpt,
+    PrecisionOpt,
+    ResumeOpt,
+    SeedOpt,
+    TaskOpt,
+    ThreadsOpt,
+    TrainOpt,
+    WarmupOpt,
+    app,
+    check_hidden_loss,
+    check_out,
+    check_task,
+    parse_layer_map,
+    require_file,
+    setup_threads,
+    train_config,
+    user_errors,
+)
 from training.data.split import split_file
 from training.demo import SUPPORTED_TASKS, run_demo
 from training.models import PRESETS
-from training.recipes import HIDDEN_LOSSES, HiddenLoss, defaults, describe, distill_config
-from training.runs import TASKS, distill, train_teacher
-from training.trainer import TrainConfig
-
-app = cli_app(
-    help="Distil BERT/GPT-2/Llama teachers into small students (PyTorch + HF transformers): classification, "
-    "QA, fill-mask, generation and sentence embeddings.",
-    no_args_is_help=True,
-)
-
-DATA_HELP = (
-    "text-classification: a .jsonl file of {text, label} rows or an SST-2 style .tsv/.csv (sentence, label); "
-    "question-answering: SQuAD v1.1 .json; fill-mask and text-generation: plain text, one paragraph per line"
-)
-MIXED_PRECISION = ("no", "fp16", "bf16")
-DEFAULTS_HELP = "Per-task defaults (any flag overrides them):\n\n" + describe().replace("\n", "\n\n")
-
-
-def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _setup_threads(threads: int | None) -> None:
-    """One intra-op thread per core this process may use: more only adds contention on small models."""
-    torch.set_num_threads(threads or _available_cores())
-
-
-def _require_file(path: Path | None, flag: str) -> Path:
-    """Data files have no default (no hub, no guessing): say what to pass, and where demo data comes from."""
-    if path is None:
-        raise typer.BadParameter(
-            f"missing. Pass {DATA_HELP}; for demo data run `python -m training demo --out DIR`.",
-            param_hint=f"'{flag}'",
-        )
-    return path
-
-
-def _check_out(out: Path, source: str | None, flag: str) -> None:
-    """Saving over the model being read would replace it with the result: refuse before any training."""
-    if source is not None and Path(source).exists() and out.resolve() == Path(source).resolve():
-        raise typer.BadParameter(
-            f"{out} is the {flag} directory: the result would overwrite it; write it elsewhere",
-            param_hint="'--out'",
-        )
-
-
-def _check_task(task: str) -> str:
-    if task not in TASKS:
-        raise typer.BadParameter(f"unknown task {task!r}; available: {', '.join(TASKS)}", param_hint="--task")
-    return task
-
-
-def _check_hidden_loss(value: str | None) -> HiddenLoss | None:
-    if value is not None and value not in HIDDEN_LOSSES:
-        raise typer.BadParameter(f"choose one of {', '.join(HIDDEN_LOSSES)}", param_hint="--hidden-loss")
-    return cast(HiddenLoss | None, value)
-
-
-def _check_precision(value: str) -> Literal["no", "fp16", "bf16"]:
-    if value not in MIXED_PRECISION:
-        raise typer.BadParameter(
-            f"choose one of {', '.join(MIXED_PRECISION)}", param_hint="--mixed-precision"
-        )
-    return cast(Literal["no", "fp16", "bf16"], value)
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Bad data or an impossible model shape is the user's to fix: say so in one line, exit 1."""
-    try:
-        yield
-    except (ValueError, OSError) as err:
-        print_error(str(err))
-        raise typer.Exit(1) from err
-
-
-# Options shared by `teacher` and `distill`.
-TaskOpt = typer.Option("text-classification", "--task", help=f"Task: {', '.join(TASKS)}.")
-TrainOpt = typer.Option(None, "--train", exists=True, dir_okay=False, help=f"Training data: {DATA_HELP}.")
-EvalOpt = typer.Option(
-    None, "--eval", exists=True, dir_okay=False, help="Evaluation data (same formats); every score uses it."
-)
-EpochsOpt = typer.Option(None, "--epochs", min=1, help="Passes over the training data (default: per task).")
-BatchOpt = typer.Option(32, "--batch-size", min=1, help="Examples per micro-batch (per device).")
-SeedOpt = typer.Option(0, "--seed", help="Seed for initialisation, shuffling and dropout.")
-MaxLenOpt = typer.Option(128, "--max-length", min=8, help="Truncate inputs to this many tokens.")
-AccumOpt = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step.")
-WarmupOpt = typer.Option(
-    0.1, "--warmup-ratio", min=0.0, max=1.0, help="Share of steps with linear LR warmup."
-)
-DecayOpt = typer.Option(0.01, "--weight-decay", min=0.0, help="AdamW weight decay (not on biases/LayerNorm).")
-MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this many optimiser steps.")
-PrecisionOpt = typer.Option("no", "--mixed-precision", help="no, fp16 (GPU) or bf16.")
-DropoutOpt = typer.Option(
-    None,
-    "--dropout",
-    min=0.0,
-    max=0.99,
-    help="Dropout rate for this run (default: the model's own); 0 saves 10-15 % of a CPU step.",
-)
-CpuOpt = typer.Option(False, "--cpu", help="Train on CPU even when a GPU is present.")
-ThreadsOpt = typer.Option(
-    None, "--threads", min=1, help="CPU threads for PyTorch (default: available cores)."
-)
-PatienceOpt = typer.Option(
-    None,
-    "--early-stop-patience",
-    min=1,
-    help="Stop after this many epochs without a better eval score (the task's metric); keeps the best.",
-)
-CheckpointDirOpt = typer.Option(
-    None, "--checkpoint-dir", file_okay=False, help="Save the full training state here after every epoch."
-)
-CheckpointEveryOpt = typer.Option(
-    None, "--checkpoint-every", min=1, help="Also checkpoint every this many optimiser steps."
-)
-ResumeOpt = typer.Option(
-    None,
-    "--resume",
-    help="Continue an interrupted run: 'latest' (newest checkpoint in --checkpoint-dir) or a step-N dir.",
-)
-
-
-def _train_config(
-    *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    grad_accum: int,
-    warmup_ratio: float,
-    weight_decay: float,
-    max_steps: int | None,
-    dropout: float | None,
-    mixed_precision: str,
-    cpu: bool,
-    early_stop_patience: int | None = None,
-    checkpoint_dir: Path | None = None,
-    checkpoint_every: int | None = None,
-    resume: str | None = None,
-) -> TrainConfig:
-    """The loop's recipe from the options both commands share (TrainConfig checks their combination)."""
-    return TrainConfig(
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        grad_accum_steps=grad_accum,
-        warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay,
-        max_steps=max_steps,
-        dropout=dropout,
-        mixed_precision=_check_precision(mixed_precision),
-        cpu=cpu,
-        early_stop_patience=early_stop_patience,
-        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
-        checkpoint_every_steps=checkpoint_every,
-        resume=False if resume is None else True if resume == "latest" else resume,
-    )
+from training.recipes import defaults, distill_config
+from training.runs import distill, train_teacher
 
 
 @app.command(epilog=DEFAULTS_HELP)
@@ -217,9 +84,9 @@ def teacher(
     resume: str | None = ResumeOpt,
 ) -> None:
     """Train a teacher from scratch (--preset) or fine-tune one (--model): HF dir + train_report.json."""
-    task = _check_task(task)
+    task = check_task(task)
     task_defaults = defaults(task)
-    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
+    train_path, eval_path = require_file(train, "--train"), require_file(eval, "--eval")
     if (preset is None) == (model is None):
         raise typer.BadParameter(
             "give exactly one of --preset NAME or --model PATH_OR_HUB_ID", param_hint="--preset"
@@ -228,12 +95,12 @@ def teacher(
         raise typer.BadParameter(
             f"unknown preset {preset!r}; available: {', '.join(PRESETS)}", param_hint="--preset"
         )
-    _setup_threads(threads)
+    setup_threads(threads)
     console = line_console()
     source = preset if preset is not None else str(model)
-    _check_out(out, model, "--model")
-    with _user_errors():
-        cfg = _train_config(
+    check_out(out, model, "--model")
+    with user_errors():
+        cfg = train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
             lr=lr if lr is not None else (task_defaults.preset_lr if preset else task_defaults.finetune_lr),
             batch_size=batch_size,
@@ -261,17 +128,6 @@ def teacher(
             vocab_size=vocab_size,
             console=console,
         )
-
-
-def _parse_layer_map(value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(int(part) for part in value.split(","))
-    except ValueError as err:
-        raise typer.BadParameter(
-            f"expected comma-separated layer indices, got {value!r}", param_hint="--layer-map"
-        ) from err
 
 
 @app.command(name="distill", epilog=DEFAULTS_HELP)
@@ -339,25 +195,25 @@ def distill_command(
     ),
 ) -> None:
     """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
-    task = _check_task(task)
-    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
-    _check_out(out, teacher, "--teacher")
+    task = check_task(task)
+    train_path, eval_path = require_file(train, "--train"), require_file(eval, "--eval")
+    check_out(out, teacher, "--teacher")
     student = distill_config(
         task,
         layers=layers,
-        layer_map=_parse_layer_map(layer_map),
+        layer_map=parse_layer_map(layer_map),
         hidden_size=hidden_size,
         temperature=temperature,
         alpha_kd=alpha_kd,
         alpha_hard=alpha_hard,
         alpha_hidden=alpha_hidden,
-        hidden_loss=_check_hidden_loss(hidden_loss),
+        hidden_loss=check_hidden_loss(hidden_loss),
     )
     task_defaults = defaults(task)
-    _setup_threads(threads)
+    setup_threads(threads)
     console = line_console()
-    with _user_errors():
-        cfg = _train_config(
+    with user_errors():
+        cfg = train_config(
             epochs=epochs if epochs is not None else task_defaults.epochs,
             lr=lr if lr is not None else task_defaults.student_lr,
             batch_size=batch_size,
@@ -401,10 +257,10 @@ def demo(
     threads: int | None = ThreadsOpt,
 ) -> None:
     """Per task: generate demo data, train a tokenizer and a from-scratch teacher, distil a student."""
-    _setup_threads(threads)
+    setup_threads(threads)
     console = line_console()
     chosen = [t.strip() for t in tasks.split(",") if t.strip()]
-    with _user_errors():
+    with user_errors():
         pairs = run_demo(out, chosen, seed=seed, quick=quick, console=console)
     for task, (teacher_dir, student_dir) in pairs.items():
         console.print(f"[bold]{task}[/]: teacher {teacher_dir}  student {student_dir}")
@@ -431,8 +287,8 @@ def split(
     """Carve train and eval files out of one data file (classification by sentence, SQuAD and WikiText by
     article): no eval text lies word for word inside a training text."""
     console = line_console()
-    with _user_errors():
-        files = split_file(_check_task(task), source, out, eval_fraction, seed, eval_file)
+    with user_errors():
+        files = split_file(check_task(task), source, out, eval_fraction, seed, eval_file)
     console.print(f"train: {files.train} ({files.n_train})  eval: {files.eval} ({files.n_eval})")
     if files.left_out:
         console.print(f"training rows left out because an eval text lies inside them: {files.left_out}")

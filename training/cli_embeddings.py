@@ -10,7 +10,7 @@ import typer
 
 from common.cli import line_console
 from training.backbones import MINILM, resolve
-from training.cli import (
+from training.cli_common import (
     AccumOpt,
     BatchOpt,
     CpuOpt,
@@ -21,13 +21,13 @@ from training.cli import (
     SeedOpt,
     ThreadsOpt,
     WarmupOpt,
-    _check_hidden_loss,
-    _check_out,
-    _parse_layer_map,
-    _setup_threads,
-    _train_config,
-    _user_errors,
     app,
+    check_hidden_loss,
+    check_out,
+    parse_layer_map,
+    setup_threads,
+    train_config,
+    user_errors,
 )
 from training.distill_embeddings import EmbeddingDistillConfig, distill_embeddings
 from training.embeddings import POOLING_MODES, Pooling, PoolingMode
@@ -112,20 +112,20 @@ def distill_embeddings_command(
     teacher's embeddings on unlabelled sentences; report both on STS (Spearman), retrieval and speed."""
     config = EmbeddingDistillConfig(
         layers=layers,
-        layer_map=_parse_layer_map(layer_map),
+        layer_map=parse_layer_map(layer_map),
         hidden_size=hidden_size,
         alpha_mse=alpha_mse,
         alpha_cosine=alpha_cosine,
         alpha_hidden=alpha_hidden,
-        hidden_loss=_check_hidden_loss(hidden_loss) or "mse",
+        hidden_loss=check_hidden_loss(hidden_loss) or "mse",
         max_length=max_length,
     )
     rule = _pooling(pooling, normalize)
-    _setup_threads(threads)
-    with _user_errors():
+    setup_threads(threads)
+    with user_errors():
         source = resolve(teacher)
-        _check_out(out, source, "--teacher")
-        cfg = _train_config(
+        check_out(out, source, "--teacher")
+        cfg = train_config(
             epochs=epochs,
             lr=lr,
             batch_size=batch_size,

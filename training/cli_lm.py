@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from common.cli import line_console
 from common.progress import ProgressLog
 from training import distil_lm, lm_cache, lm_generate
-from training.cli import ThreadsOpt, _check_out, _parse_layer_map, _setup_threads, _user_errors, app
+from training.cli_common import ThreadsOpt, app, check_out, parse_layer_map, setup_threads, user_errors
 from training.data.loaders import load_text_data
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import count_parameters
@@ -59,11 +59,11 @@ def import_command(
 ) -> None:
     """Import a causal LM as a float32 HF directory (safetensors, tokenizer, generation config, chat
     template, import_report.json) that `teacher`, `distill` and `python -m export` take as a teacher."""
-    _check_out(out, str(source), "source")
-    _setup_threads(threads)
+    check_out(out, str(source), "source")
+    setup_threads(threads)
     console = line_console(stderr=True)
     with (
-        _user_errors(),
+        user_errors(),
         console.status("importing") as status,
         ProgressLog.beside(console, "import") as progress_log,
     ):
@@ -101,10 +101,10 @@ def lm_cache_command(
     threads: int | None = ThreadsOpt,
 ) -> None:
     """Run the teacher once over the text and keep its top-k logits (fp16) and ids (int32), memory-mapped."""
-    _check_out(out, str(teacher), "teacher")
-    _setup_threads(threads)
+    check_out(out, str(teacher), "teacher")
+    setup_threads(threads)
     console = line_console(stderr=True)
-    with _user_errors():
+    with user_errors():
         model = _load(teacher, _device(cpu))
         tokenizer = AutoTokenizer.from_pretrained(teacher)
         started = time.monotonic()
@@ -156,7 +156,7 @@ def lm_generate_command(
 ) -> None:
     """Sample the teacher's continuations of the training text's lines into a text file: more text for
     `lm-cache` and `distil-lm` once the student has seen all of the real text (training/lm_generate.py)."""
-    _setup_threads(threads)
+    setup_threads(threads)
     console = line_console(stderr=True)
     settings = lm_generate.GenerateSettings(
         teacher=str(teacher.resolve()),
@@ -168,7 +168,7 @@ def lm_generate_command(
         top_p=top_p,
         seed=seed,
     )
-    with _user_errors():
+    with user_errors():
         model = _load(teacher, _device(cpu))
         tokenizer = AutoTokenizer.from_pretrained(teacher)
         started = time.monotonic()
@@ -221,10 +221,10 @@ def distil_lm_command(
 ) -> None:
     """Train a shallower student from the teacher's cached top-k logits; run again to resume (the
     checkpoint's settings win over the flags)."""
-    _check_out(out, str(teacher), "teacher")
-    _setup_threads(threads)
+    check_out(out, str(teacher), "teacher")
+    setup_threads(threads)
     console = line_console(stderr=True)
-    with _user_errors():
+    with user_errors():
         torch.manual_seed(seed)
         device = _device(cpu)
         state = distil_lm.load_checkpoint(out)
@@ -234,7 +234,7 @@ def distil_lm_command(
         else:
             config = distil_lm.DistilLMConfig(
                 layers=layers,
-                layer_map=list(_parse_layer_map(layer_map) or ()),
+                layer_map=list(parse_layer_map(layer_map) or ()),
                 steps=steps,
                 batch_size=batch_size,
                 grad_accum=grad_accum,
@@ -347,9 +347,9 @@ def eval_lm_command(
 ) -> None:
     """Perplexity of teacher and student on the same blocks of the eval text (in text order), and their
     speed side by side in this process: forward tokens/s over those blocks, greedy decode tokens/s."""
-    _setup_threads(threads)
+    setup_threads(threads)
     console = line_console()
-    with _user_errors():
+    with user_errors():
         device = _device(cpu)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
         tokens = lm_cache.token_blocks(load_text_data(eval_file).lines, tokenizer, block_size, seed=None)

@@ -14,7 +14,7 @@ import typer
 
 from common.cli import line_console
 from common.progress import ProgressLog
-from training.cli import (
+from training.cli_common import (
     AccumOpt,
     BatchOpt,
     CpuOpt,
@@ -27,15 +27,15 @@ from training.cli import (
     TaskOpt,
     ThreadsOpt,
     WarmupOpt,
-    _check_hidden_loss,
-    _check_out,
-    _check_task,
-    _parse_layer_map,
-    _require_file,
-    _setup_threads,
-    _train_config,
-    _user_errors,
     app,
+    check_hidden_loss,
+    check_out,
+    check_task,
+    parse_layer_map,
+    require_file,
+    setup_threads,
+    train_config,
+    user_errors,
 )
 from training.general import general_distill
 from training.models import load_trained
@@ -75,18 +75,18 @@ def general_distill_command(
     """General distillation: a student cut from the teacher learns to reproduce the teacher's hidden
     states on unlabelled text, before any task data; then `distill --student-init OUT` (TinyBERT's two
     stages)."""
-    task = _check_task(task)
-    train_path, eval_path = _require_file(train, "--train"), _require_file(eval, "--eval")
-    _check_out(out, teacher, "--teacher")
+    task = check_task(task)
+    train_path, eval_path = require_file(train, "--train"), require_file(eval, "--eval")
+    check_out(out, teacher, "--teacher")
     student = distill_config(
         task,
         layers=layers,
-        layer_map=_parse_layer_map(layer_map),
-        hidden_loss=_check_hidden_loss(hidden_loss),
+        layer_map=parse_layer_map(layer_map),
+        hidden_loss=check_hidden_loss(hidden_loss),
     )
-    _setup_threads(threads)
-    with _user_errors():
-        cfg = _train_config(
+    setup_threads(threads)
+    with user_errors():
+        cfg = train_config(
             epochs=epochs,
             lr=lr,
             batch_size=batch_size,
@@ -127,8 +127,8 @@ def augment_qa_command(
 ) -> None:
     """Teacher-labelled augmentation for QA distillation: each training question is also asked of other
     paragraphs of its article, answered by the teacher's best span; the originals are kept as they are."""
-    _setup_threads(threads)
-    with _user_errors():
+    setup_threads(threads)
+    with user_errors():
         check_local(teacher)
         model = load_trained(teacher, "question-answering")
         model.to(torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu"))  # type: ignore[arg-type]
