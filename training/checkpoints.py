@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from accelerate import Accelerator
 
 if TYPE_CHECKING:
-    from training.trainer import TrainConfig
+    from training.recipes import TrainConfig
 
 STATE_FILE = "trainer_state.json"  # written last: a checkpoint directory without it is incomplete
 _CHECKPOINT_NAME = re.compile(r"step-(\d+)")

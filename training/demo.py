@@ -22,10 +22,9 @@ from common.cli import line_console
 from training.backbones import MINILM, resolve
 from training.data.demo import DemoFiles, write_demo_data
 from training.models import PRESETS
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.runs import distill, train_teacher
 from training.showcase import showcase
-from training.trainer import TrainConfig
 
 
 @dataclass(frozen=True)

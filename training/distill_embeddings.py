@@ -33,12 +33,12 @@ from training.embedding_metrics import METRIC, StsEval, retrieval_scores, speed_
 from training.embeddings import Pooling, SentenceEncoder, describe, encode
 from training.losses import LossTerms, embedding_loss
 from training.models import count_parameters
-from training.recipes import DistillConfig, HiddenLoss
+from training.recipes import DistillConfig, HiddenLoss, TrainConfig
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
 from training.runs import check_local, cut_student, fast_tokenizer
 from training.steps import HiddenAlignment, make_alignment, trains_with
 from training.tokenizer import save_tokenizer
-from training.trainer import Batch, StepFn, TrainConfig, train
+from training.trainer import Batch, StepFn, train
 
 TASK = "sentence-embeddings"  # not HF's "feature-extraction": that names token vectors, not pooled ones
 TARGET = "teacher_embedding"  # the batch key of the cached teacher embeddings

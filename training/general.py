@@ -26,12 +26,12 @@ from training.batches import make_dataloader, rows
 from training.data.loaders import load_text_data
 from training.losses import LossTerms
 from training.models import count_parameters, load_trained
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.report import GENERAL_REPORT, file_sha256, now, write_report
 from training.runs import check_local, cut_student, fast_tokenizer
 from training.steps import HiddenAlignment, make_alignment, model_inputs, trains_with
 from training.tokenizer import save_tokenizer
-from training.trainer import Batch, StepFn, TrainConfig, train
+from training.trainer import Batch, StepFn, train
 
 METRIC = "hidden_loss"  # the alignment distance on the eval text, lower is better
 

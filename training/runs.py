@@ -33,7 +33,7 @@ from training.models import (
     make_student,
     preset_family,
 )
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.report import (
     DISTILL_REPORT,
     GENERAL_REPORT,
@@ -46,7 +46,7 @@ from training.report import (
 )
 from training.steps import HiddenAlignment, make_alignment, model_inputs, trains_with
 from training.tokenizer import TRAINERS, save_tokenizer, special_token_ids
-from training.trainer import Batch, EvalFn, History, StepFn, TrainConfig, train
+from training.trainer import Batch, EvalFn, History, StepFn, train
 
 __all__ = ["TASKS", "DistillConfig", "Task", "distill", "get_task", "train_teacher"]
 

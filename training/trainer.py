@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
 import torch
@@ -39,6 +39,7 @@ from common.progress import ProgressLog
 from training.checkpoints import Checkpoints, checkpoint_to_resume
 from training.losses import LossTerms
 from training.models import set_dropout
+from training.recipes import TrainConfig
 
 Batch = dict[str, torch.Tensor]
 # (model being trained, batch on its device, frozen teacher or None) -> loss terms; `total` backpropagates.
@@ -48,66 +49,6 @@ EvalFn = Callable[[nn.Module], dict[str, float]]
 
 # What an epoch record holds besides evaluate()'s metrics.
 EPOCH_FIELDS = frozenset({"epoch", "step", "train_loss", "examples", "examples_per_s", "seconds"})
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The optimisation recipe; written verbatim into every run's report."""
-
-    epochs: int = 3
-    lr: float = 5e-4
-    batch_size: int = 32
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    grad_accum_steps: int = 1
-    max_grad_norm: float = 1.0
-    # Dropout rate for the run (None: the model's own). 0 on a CPU budget: PyTorch's CPU dropout costs
-    # 10-15 % of a small model's step (measured on MiniLM and the demo GPT-2), and a run of one or two
-    # passes over its data is not what dropout protects against.
-    dropout: float | None = None
-    max_steps: int | None = None  # stop early after this many optimiser steps (quick runs, smoke tests)
-    seed: int = 0
-    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
-    cpu: bool = False  # stay on CPU even when a GPU is present
-    # Save the full training state under this directory at the end of every epoch.
-    checkpoint_dir: str | None = None
-    checkpoint_every_steps: int | None = None  # ... and every this many optimiser steps within an epoch
-    keep_checkpoints: int = 2  # the newest K checkpoints stay on disk
-    # True: continue from the newest checkpoint in checkpoint_dir, or start afresh when it has none.
-    # A path: continue from that step-N directory (or from the newest one in that directory).
-    resume: bool | str = False
-    # Stop after this many evaluations without a better metric; train() then returns the best weights.
-    early_stop_patience: int | None = None
-    metric_name: str | None = None  # which of evaluate()'s metrics decides; None: the first it returns
-    metric_mode: Literal["max", "min"] = "max"  # "min" for lower-is-better metrics (loss, perplexity)
-
-    def __post_init__(self) -> None:
-        """Reject settings the loop would otherwise trip over hours later."""
-        counts = {
-            "epochs": self.epochs,
-            "batch_size": self.batch_size,
-            "grad_accum_steps": self.grad_accum_steps,
-            "max_steps": self.max_steps,
-            "checkpoint_every_steps": self.checkpoint_every_steps,
-            "keep_checkpoints": self.keep_checkpoints,
-            "early_stop_patience": self.early_stop_patience,
-        }
-        problems = [
-            f"{name} must be >= 1" for name, value in counts.items() if value is not None and value < 1
-        ]
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            problems.append(f"dropout must be in [0, 1), not {self.dropout}")
-        if self.metric_mode not in ("max", "min"):
-            problems.append(f"metric_mode must be 'max' or 'min', not {self.metric_mode!r}")
-        if self.resume is True and self.checkpoint_dir is None:
-            problems.append(
-                "resume needs checkpoint_dir (--resume latest needs --checkpoint-dir; or give a checkpoint)"
-            )
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass

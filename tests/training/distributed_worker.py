@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader
 from transformers import BertConfig, BertForSequenceClassification
 
 from training.losses import LossTerms, distillation_loss
-from training.trainer import Batch, StepFn, TrainConfig, train
+from training.recipes import TrainConfig
+from training.trainer import Batch, StepFn, train
 
 EXAMPLES, BATCH_SIZE, EPOCHS = 32, 4, 2
 CONFIG = BertConfig(

@@ -15,9 +15,10 @@ from training import classification
 from training.cli import app
 from training.data.types import ClassificationData, ClassificationExample
 from training.models import load_teacher
+from training.recipes import TrainConfig
 from training.report import DISTILL_REPORT, TRAIN_REPORT
 from training.tokenizer import train_wordpiece
-from training.trainer import TrainConfig, train
+from training.trainer import train
 
 POSITIVE = ["I loved this film", "a wonderful movie", "great fun, truly brilliant", "what a lovely show"]
 NEGATIVE = ["I hated this film", "a dull movie", "terrible and boring", "what an awful show"]

@@ -22,9 +22,10 @@ from training.data.sentences import load_sentences, load_sts, squad_retrieval, s
 from training.embedding_metrics import average_ranks, retrieval, spearman
 from training.embeddings import Pooling, SentenceEncoder, encode, pool, read_pooling
 from training.losses import embedding_loss
+from training.recipes import TrainConfig
 from training.runs import fast_tokenizer
 from training.tokenizer import save_tokenizer, train_wordpiece
-from training.trainer import TrainConfig, train
+from training.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

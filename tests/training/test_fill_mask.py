@@ -9,9 +9,9 @@ from transformers import BertTokenizerFast, PretrainedConfig
 from training import fill_mask
 from training.data.types import TextData
 from training.models import load_teacher, make_student
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.tokenizer import special_token_ids, train_wordpiece
-from training.trainer import TrainConfig, train
+from training.trainer import train
 
 LINES = [
     "I loved this film, it was wonderful.",

@@ -17,11 +17,10 @@ from training import general
 from training.cli import app
 from training.data.demo import write_demo_data
 from training.models import load_trained, make_student
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.runs import distill, fast_tokenizer
 from training.steps import make_alignment
 from training.tokenizer import save_tokenizer, train_wordpiece
-from training.trainer import TrainConfig
 
 WORDS = PROSE.split()  # the QA tests' prose, as random lines to align on
 

@@ -16,9 +16,9 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, PretrainedConfig
 from training import generation
 from training.data.types import TextData
 from training.models import load_teacher, make_student
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.tokenizer import END_OF_TEXT, save_tokenizer, special_token_ids, train_byte_bpe
-from training.trainer import TrainConfig, train
+from training.trainer import train
 
 LINES = [
     "The film was wonderful and I loved every minute of it.",

@@ -14,10 +14,10 @@ from common.spans import NOT_CONTEXT, Span, answer_text, best_span, offsets_arra
 from training import qa, steps
 from training.data.demo import write_demo_data
 from training.data.types import Answer, QAExample
-from training.recipes import DistillConfig
+from training.recipes import DistillConfig, TrainConfig
 from training.squad_metrics import exact_match, f1, normalize_answer, squad_scores
 from training.tokenizer import train_wordpiece
-from training.trainer import TrainConfig, train
+from training.trainer import train
 
 # Windows for the long word contexts: several per context, overlaps longer than any two-word answer has
 # characters (so tokens, whatever vocabulary the tokenizer learnt).

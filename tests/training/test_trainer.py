@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 
 from training.checkpoints import STATE_FILE, checkpoints
 from training.losses import LossTerms, hard_loss
-from training.trainer import Batch, History, StepFn, TrainConfig, train
+from training.recipes import TrainConfig
+from training.trainer import Batch, History, StepFn, train
 
 EXAMPLES = 64
 
