@@ -14,8 +14,11 @@ kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens f
   would have drawn it (p and q are the full processed distributions: penalty, temperature, top-k, top-p).
 
 Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
-kept positions (the rejected ones are cut off: `SlotCache.truncate`) and the draft's too: it fed the last
-token and all k drafts, so its cache is never behind and the next step starts from the teacher's token.
+kept positions (the rejected ones are cut off: `SlotCache.truncate`) and the draft's all but the last of
+them: the next round's first draft pass takes two tokens, the one before the teacher's new token and that
+token. Where every draft was kept the first is the k-th draft, which no pass has fed yet; elsewhere it is one
+the draft held, fed again. A round then costs k draft passes rather than k + 1 (a pass over the k-th draft
+only to cache it), and a two-token pass costs about what a one-token pass does.
 
 The draft follows its student's versions while the teacher serves (`replace_draft`, service.model_control):
 a new one is taken at the next step, the running sequences' contexts prefilled into it then; with none (the
@@ -29,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import numpy as np
 
@@ -187,30 +191,29 @@ class SpeculativeRunner:
             row for row, s in enumerate(rows) if not s.params.greedy or s.params.repetition_penalty != 1.0
         ]
         q: list[list[np.ndarray]] = [[] for _ in rows]
-        feed = last
-        for j in range(k + 1 if draft_cache is not None else 0):  # the last pass only caches the k-th draft
-            assert draft_cache is not None and self.draft is not None
-            past, mask, positions = draft_cache.feeds()
-            out = self.draft.run_step(feed[:, None], mask, positions, past)
-            draft_cache.append(self.draft.presents(out))
-            if j == k:
-                break
-            logits = out["logits"][:, -1]
-            drafts[:, j] = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
-            for row in shaped:
-                s = rows[row]
-                seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
-                dist = distribution(logits[row], s.params, seen)
-                q[row].append(dist)
-                drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
-            feed = drafts[:, j]
+        if draft_cache is not None:
+            assert self.draft is not None
+            # The draft holds all but the context's last two tokens and takes both in its first pass: the
+            # one before `last` is the k-th draft of a round whose drafts were all kept (which no pass fed
+            # yet), else a token it held, fed again. So a round costs k draft passes, not k + 1.
+            draft_cache.truncate(start - 1)
+            before_last = [s.output[-2] if len(s.output) > 1 else s.prompt[-1] for s in rows]
+            feed = np.stack([np.array(before_last, dtype=np.int64), last], axis=1)
+            for j in range(max(k, 1)):
+                out = _feed(self.draft, draft_cache, feed)
+                if j == k:  # k = 0: the pass only kept the draft's cache in step
+                    break
+                logits = out["logits"][:, -1]
+                drafts[:, j] = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
+                for row in shaped:
+                    s = rows[row]
+                    seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
+                    dist = distribution(logits[row], s.params, seen)
+                    q[row].append(dist)
+                    drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
+                feed = drafts[:, j : j + 1]
 
-        past, mask, _ = teacher_cache.feeds()
-        ids = np.concatenate([last[:, None], drafts], axis=1)
-        wide = np.concatenate([mask[:, :-1], np.ones((n, k + 1), dtype=mask.dtype)], axis=1)
-        positions = start[:, None] + np.arange(k + 1)
-        out = self.teacher.run_step(ids, wide, positions, past)
-        teacher_cache.extend(self.teacher.presents(out))
+        out = _feed(self.teacher, teacher_cache, np.concatenate([last[:, None], drafts], axis=1))
 
         emitted: dict[int, list[int]] = {}
         best = out["logits"].argmax(axis=-1)  # [rows, k + 1]: the teacher's greedy choice at each position
@@ -230,7 +233,7 @@ class SpeculativeRunner:
         kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
         teacher_cache.truncate(kept_lengths)
         if draft_cache is not None:
-            draft_cache.truncate(kept_lengths)
+            draft_cache.truncate(kept_lengths - 1)  # all but the new last two: the next round feeds them
         return emitted, k
 
     def _caught_up(self, rows: Seq[Sequence]) -> SlotCache:
@@ -250,6 +253,22 @@ class SpeculativeRunner:
         window_room = self.window - 1 - int(start.max())  # the last position fed is start + k
         wanted = max(s.params.max_new_tokens - len(s.output) for s in rows) - 1
         return max(0, min(self.k, window_room, wanted))
+
+
+def _feed(runner: DecoderRunner, cache: SlotCache, ids: np.ndarray) -> dict[str, Any]:
+    """`ids` [rows, width] fed after each row's cached positions, the cache extended by them."""
+    past, mask, positions = cache.feeds()
+    width = ids.shape[1]
+    if width > 1:
+        mask = np.concatenate([mask[:, :-1], np.ones((len(ids), width), dtype=mask.dtype)], axis=1)
+        positions = positions + np.arange(width)
+    out = runner.run_step(ids, mask, positions, past)
+    presents = runner.presents(out)
+    if width == 1:
+        cache.append(presents)
+    else:
+        cache.extend(presents)
+    return out
 
 
 def pays_off(teacher: Engine, manifest: Manifest, draft: DecoderRunner) -> bool:

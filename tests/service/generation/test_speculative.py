@@ -9,6 +9,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, StepResult
+from service.generation.runner import DecoderRunner, LayerCache, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
@@ -155,6 +156,37 @@ def test_a_perfect_draft_is_always_kept(loaded: Loaded) -> None:
     result = runner.execute(StepPlan(prefill=[], decode=[seq]))
     assert (result.drafted, result.accepted, result.checked) == (4, 4, 1)
     assert len(result.more[seq.id]) == 4  # five tokens for one teacher pass
+
+
+class CountingRunner(DecoderRunner):
+    """A draft that counts its decode passes (engine calls after a past) and the tokens each one took."""
+
+    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
+        super().__init__(engine, layout)
+        self.widths: list[int] = []
+
+    def run_step(
+        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+    ) -> dict[str, Any]:
+        self.widths.append(int(input_ids.shape[1]))
+        return super().run_step(input_ids, mask, positions, past)
+
+
+@pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
+def test_a_round_of_k_drafts_costs_k_draft_passes(loaded: Loaded, draft: str) -> None:
+    """The draft catches up on the last round's tokens in its first pass of the next (two tokens at once)
+    instead of a pass of its own over the k-th draft: k passes a round, however many drafts were kept."""
+    counting = CountingRunner(*loaded[draft])
+    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), counting, 3, 64)
+    results: list[StepResult] = []
+    requests = [(0, [5, 9, 13, 2], 24), (0, [7, 7, 7], 24)]
+    assert generate(runner, requests, results=results) == generate(
+        DecoderRunner(*loaded["lm-teacher"]), requests
+    )
+    rounds = [r for r in results if r.checked]
+    assert len(counting.widths) == sum(max(r.drafted // r.checked, 1) for r in rounds)
+    assert counting.widths.count(2) == len(rounds)  # each round's first pass: two tokens
+    assert set(counting.widths) == {1, 2}
 
 
 def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
