@@ -14,11 +14,10 @@ kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens f
   would have drawn it (p and q are the full processed distributions: penalty, temperature, top-k, top-p).
 
 Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
-kept positions (the rejected ones are cut off: `SlotCache.truncate`) and the draft's all but the last of
-them: the next round's first draft pass takes two tokens, the one before the teacher's new token and that
-token. Where every draft was kept the first is the k-th draft, which no pass has fed yet; elsewhere it is one
-the draft held, fed again. A round then costs k draft passes rather than k + 1 (a pass over the k-th draft
-only to cache it), and a two-token pass costs about what a one-token pass does.
+kept positions (the rejected ones are cut off: `SlotCache.truncate`), and so does the draft's, but for the
+k-th draft of a row that kept all k: no pass fed it (a pass only to cache it would make a round k + 1 draft
+passes). The next round's first draft pass then takes two tokens for every row, that one (or, for the other
+rows, the token before the teacher's new one, fed again) and the teacher's new token; otherwise one.
 
 The draft follows its student's versions while the teacher serves (`replace_draft`, service.model_control):
 a new one is taken at the next step, the running sequences' contexts prefilled into it then; with none (the
@@ -193,12 +192,11 @@ class SpeculativeRunner:
         q: list[list[np.ndarray]] = [[] for _ in rows]
         if draft_cache is not None:
             assert self.draft is not None
-            # The draft holds all but the context's last two tokens and takes both in its first pass: the
-            # one before `last` is the k-th draft of a round whose drafts were all kept (which no pass fed
-            # yet), else a token it held, fed again. So a round costs k draft passes, not k + 1.
-            draft_cache.truncate(start - 1)
-            before_last = [s.output[-2] if len(s.output) > 1 else s.prompt[-1] for s in rows]
-            feed = np.stack([np.array(before_last, dtype=np.int64), last], axis=1)
+            feed = last[:, None]
+            if (draft_cache.lengths[:n] < start).any():  # a row kept all its drafts: the k-th is not fed
+                draft_cache.truncate(start - 1)  # every row takes two tokens, the one before `last` again
+                before_last = [s.output[-2] if len(s.output) > 1 else s.prompt[-1] for s in rows]
+                feed = np.stack([np.array(before_last, dtype=np.int64), last], axis=1)
             for j in range(max(k, 1)):
                 out = _feed(self.draft, draft_cache, feed)
                 if j == k:  # k = 0: the pass only kept the draft's cache in step
@@ -233,7 +231,8 @@ class SpeculativeRunner:
         kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
         teacher_cache.truncate(kept_lengths)
         if draft_cache is not None:
-            draft_cache.truncate(kept_lengths - 1)  # all but the new last two: the next round feeds them
+            # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
+            draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
 
     def _caught_up(self, rows: Seq[Sequence]) -> SlotCache:
