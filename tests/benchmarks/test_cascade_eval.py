@@ -1,4 +1,4 @@
-"""benchmarks/cascade.py's offline figures: the threshold sweep and the oracle bound on a constructed case."""
+"""benchmarks/cascade_eval.py: the threshold sweep and the oracle bound on a constructed case."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.cascade import EvalSet, Pass, Quality, fewest, oracle, sweep
+from benchmarks.cascade_eval import EvalSet, Pass, Quality, fewest, oracle, sweep
 
 
 def _accuracy_set(gold: list[str]) -> EvalSet:
