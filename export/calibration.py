@@ -8,6 +8,7 @@ Inputs are read with each model's own tokenizer, so a pair need not share one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ class Answers:
 
     best: list[Hashable]
     confidence: np.ndarray
+    seconds: float = 0.0  # the model's time over all inputs, warmed up
 
 
 def masked_inputs(lines: Sequence[str], seed: int = 0, first_words: int = 32) -> list[str]:
@@ -65,13 +67,16 @@ def answers(model: Any, tokenizer: Any, task: str, inputs: Sequence[Any], max_le
 
     best: list[Hashable] = []
     scores: list[float] = []
+    with torch.no_grad():
+        _ANSWERS[task](model, tokenizer, inputs[:BATCH], max_length)  # warm-up, untimed
+    started = time.perf_counter()
     for start in range(0, len(inputs), BATCH):
         chunk = inputs[start : start + BATCH]
         with torch.no_grad():
             part = _ANSWERS[task](model, tokenizer, chunk, max_length)
         best += part.best
         scores += part.confidence.tolist()
-    return Answers(best, np.asarray(scores, dtype=np.float64))
+    return Answers(best, np.asarray(scores, dtype=np.float64), time.perf_counter() - started)
 
 
 def _classification(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int) -> Answers:
@@ -138,7 +143,8 @@ def calibrate_pair(
     limit: int = CALIBRATION_EXAMPLES,
     progress: Callable[[str], None] = lambda message: None,
 ) -> CascadeCalibration:
-    """The pair's threshold for `target` agreement, from both models' answers to the eval inputs."""
+    """The pair's threshold for `target` agreement, from both models' answers to the eval inputs, and what
+    the student costs beside the teacher (their times over the same inputs, batched alike)."""
     inputs = calibration_inputs(task, eval_data, limit)
     if not inputs:
         raise ValueError(f"{eval_data} holds no input to calibrate the cascade on")
@@ -156,4 +162,5 @@ def calibrate_pair(
         student_agreement=found.student_agreement,
         eval_examples=found.examples,
         eval_source=str(eval_data),
+        student_cost=mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None,
     )

@@ -155,6 +155,13 @@ def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
         f"{c.eval_examples} eval inputs to the teacher and agrees with it on {c.agreement:.2%} "
         f"(target {c.target_agreement:.2%}; the student alone {c.student_agreement:.2%})"
     )
+    if c.student_cost is not None:
+        console.print(f"the student costs {c.student_cost:.2f} of the teacher's time (PyTorch, this machine)")
+    if c.costs_more_than_teacher:
+        print_warning(
+            "at this threshold the cascade costs more than the teacher alone: the service answers with the "
+            "teacher directly (a lower --cascade-target, or a request's cascade_threshold, uses the student)"
+        )
 
 
 def main(

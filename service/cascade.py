@@ -62,6 +62,9 @@ class Pair:
 
     teacher: ServedModel
     calibrated: float | None  # the manifest's threshold (None: exported without eval data)
+    direct: (
+        bool  # at the calibrated threshold the cascade costs more than the teacher alone: skip the student
+    )
     fallbacks: Any  # distilserve_cascade_fallbacks_total{model, teacher}, resolved once
     inputs: Any  # distilserve_cascade_inputs_total{model}
     compared: Any  # distilserve_shadow_compared_total{model, teacher}
@@ -95,9 +98,21 @@ class Pairs:
                 self._unpaired[key] = f"its teacher {ref.name} serves {teacher.manifest.task}"
                 continue
             calibration = model.manifest.cascade
+            direct = calibration is not None and calibration.costs_more_than_teacher
+            if direct and calibration is not None:
+                log.info(
+                    "%s v%d: its calibrated cascade sends %.0f%% of inputs to %s, and the student costs "
+                    "%.2f of it: more than the teacher alone, which answers directly",
+                    model.name,
+                    key[1],
+                    100 * calibration.fallback_rate,
+                    teacher.name,
+                    calibration.student_cost,
+                )
             self._pairs[key] = Pair(
                 teacher,
                 calibration.threshold if calibration is not None else None,
+                direct,
                 metrics.cascade_fallbacks.labels(model.name, teacher.name),
                 metrics.cascade_inputs.labels(model.name),
                 metrics.shadow_compared.labels(model.name, teacher.name),
@@ -121,6 +136,13 @@ class Pairs:
             return self.settings.cascade_threshold
         return pair.calibrated
 
+    def teacher_directly(self, pair: Pair, requested: float | None) -> bool:
+        """The calibrated threshold applies, and there the teacher alone costs less than the cascade."""
+        calibrated = (
+            requested is None and self.settings.cascade == "on" and self.settings.cascade_threshold is None
+        )
+        return calibrated and pair.direct
+
     async def answer(
         self,
         model: ServedModel,
@@ -130,13 +152,19 @@ class Pairs:
         x: Exchange,
     ) -> list[R]:
         """`answer_all` on the student, then on the teacher for the student's unsure inputs only; a share
-        of the student's own answers is checked by the teacher afterwards (shadow)."""
+        of the student's own answers is checked by the teacher afterwards (shadow). Where the calibrated
+        cascade costs more than the teacher alone, the teacher answers everything without the student."""
+        pair = self.pair_of(model)
+        if pair is not None and self.teacher_directly(pair, requested):
+            pair.inputs.inc(len(inputs))
+            pair.fallbacks.inc(len(inputs))
+            x.answered_by = (pair.teacher.name,)
+            return await answer_all(pair.teacher, inputs, x)
         self._clients_in_flight += 1  # shadow checks wait for a quieter moment (SHADOW_BUSY)
         try:
             results = await answer_all(model, inputs, x)
         finally:
             self._clients_in_flight -= 1
-        pair = self.pair_of(model)
         if pair is None:
             x.answered_by = (model.name,)
             return results
@@ -211,6 +239,7 @@ class Pairs:
             "cascade": {
                 "active": threshold is not None,
                 "threshold": threshold,
+                "teacher_directly": self.teacher_directly(pair, None),
                 "reason": None if threshold is not None else self._why_off(),
                 "calibration": calibration.model_dump() if calibration is not None else None,
             },

@@ -182,7 +182,9 @@ class CascadeCalibration(_Strict):
     """How the student hands inputs to its teacher (common.cascade): an input whose confidence (the score of
     the student's best answer) is below `threshold` is answered by the teacher. Measured at export on
     `eval_examples` inputs of `eval_source`: the share sent to the teacher and the resulting agreement with
-    the teacher alone, against the student's own."""
+    the teacher alone, against the student's own. `student_cost`: the student's time over those inputs ÷ the
+    teacher's; when it and the fallback rate add up to 1 or more, the cascade costs more than the teacher
+    alone at this threshold, and the service answers with the teacher directly (service.cascade)."""
 
     # the best answer's score: the top label's, the best span's or the top token's probability
     confidence: Literal["top-score"] = "top-score"
@@ -193,6 +195,12 @@ class CascadeCalibration(_Strict):
     student_agreement: float = Field(ge=0.0, le=1.0)
     eval_examples: int = Field(gt=0)
     eval_source: str | None = None
+    student_cost: float | None = Field(None, gt=0.0)
+
+    @property
+    def costs_more_than_teacher(self) -> bool:
+        """Each input costs the student's pass, and the unsure ones the teacher's too."""
+        return self.student_cost is not None and self.student_cost + self.fallback_rate >= 1.0
 
 
 class Manifest(_Strict):

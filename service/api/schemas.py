@@ -38,7 +38,9 @@ class ModelCard(BaseModel):
     cascade: dict[str, Any] | None = Field(
         None,
         description="A student with a teacher: whether unsure inputs go to the teacher (`active`), at which "
-        "`threshold`, the export's `calibration`, and `reason` when off.",
+        "`threshold`, whether the teacher answers without the student (`teacher_directly`: at the calibrated "
+        "threshold the cascade costs more than the teacher alone), the export's `calibration`, and `reason` "
+        "when off.",
     )
     chat: bool | None = Field(
         None,

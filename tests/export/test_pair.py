@@ -33,6 +33,7 @@ def test_the_students_manifest_names_its_teacher_and_a_threshold_meeting_the_tar
         c = student.cascade
         assert c.agreement >= c.target_agreement == 0.99
         assert c.fallback_rate > 0 and c.eval_examples > 0  # two seeds' untrained models disagree
+        assert c.student_cost is not None and c.student_cost > 0  # timed: its size is the benchmarks' to say
 
 
 def test_calibration_reads_both_models_answers_as_the_service_scores_them(tmp_path: Path) -> None:

@@ -136,6 +136,55 @@ def test_a_bad_threshold_is_a_4xx_that_names_it(client: TestClient) -> None:
     assert r.status_code == 422 and "cascade_threshold" in r.text
 
 
+def with_calibration(repository: Path, tmp_path: Path, **fields: float) -> Path:
+    """The pair repository with these fields of the classifier's cascade calibration replaced."""
+    import json
+    import shutil
+
+    copy = tmp_path / "models"
+    shutil.copytree(repository, copy)
+    path = copy / "cls" / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["cascade"].update(fields)
+    path.write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_cascade_dearer_than_its_teacher_leaves_the_student_out(
+    pair_repository: Path, tmp_path: Path
+) -> None:
+    # calibrated to send every input (two seeds' untrained models disagree): 1 + 0.5 > the teacher alone
+    repository = with_calibration(pair_repository, tmp_path, student_cost=0.5)
+    with TestClient(create_app(Settings(model_repository=repository, max_wait_ms=0))) as c:
+        card = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "cls")
+        assert card["cascade"]["active"] is True and card["cascade"]["teacher_directly"] is True
+        before = rows_run(c, "cls"), rows_run(c, "cls-teacher")
+        answered, headers = classify(c, "cls")
+        assert headers["x-distilserve-answered-by"] == "cls-teacher"
+        assert answered == classify(c, "cls-teacher")[0]
+        assert rows_run(c, "cls") == before[0]  # the student ran nothing
+        assert rows_run(c, "cls-teacher") - before[1] == 2 * len(TEXTS)
+        metrics = c.get("/metrics").text
+        assert metric_value(metrics, "distilserve_cascade_fallbacks_total", model="cls") == len(TEXTS)
+        _, asked = classify(c, "cls", threshold=0.0)  # a request's own threshold uses the student
+        assert asked["x-distilserve-answered-by"] == "cls"
+        assert rows_run(c, "cls") - before[0] == len(TEXTS)
+
+
+def test_a_cascade_cheaper_than_its_teacher_runs_the_student_first(
+    pair_repository: Path, tmp_path: Path
+) -> None:
+    # as if the calibration had sent half the inputs: 0.4 + 0.5 of the teacher's time per input
+    repository = with_calibration(pair_repository, tmp_path, student_cost=0.4, fallback_rate=0.5)
+    with TestClient(create_app(Settings(model_repository=repository, max_wait_ms=0))) as c:
+        card = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "cls")
+        assert card["cascade"]["teacher_directly"] is False
+        before = rows_run(c, "cls")
+        _, headers = classify(c, "cls")
+        assert headers["x-distilserve-answered-by"] == "cls-teacher"  # every input is unsure
+        assert rows_run(c, "cls") - before == len(TEXTS)
+
+
 def test_cascade_off_serves_students_alone_unless_a_request_asks(pair_repository: Path) -> None:
     settings = Settings(model_repository=pair_repository, cascade="off")
     with TestClient(create_app(settings)) as c:

@@ -27,3 +27,22 @@ def test_heads_that_do_not_share_key_value_heads_evenly_are_refused() -> None:
         GenerationLayout.model_validate(
             {"num_layers": 2, "num_heads": 4, "num_key_value_heads": 3, "head_dim": 8}
         )
+
+
+def test_a_cascade_costs_more_than_its_teacher_when_student_cost_and_fallbacks_reach_one() -> None:
+    from service.manifest import CascadeCalibration
+
+    def calibration(fallback_rate: float, student_cost: float | None) -> CascadeCalibration:
+        return CascadeCalibration(
+            threshold=0.5,
+            target_agreement=0.99,
+            agreement=0.99,
+            fallback_rate=fallback_rate,
+            student_agreement=0.9,
+            eval_examples=100,
+            student_cost=student_cost,
+        )
+
+    assert calibration(0.6, 0.5).costs_more_than_teacher  # 0.5 + 0.6 of the teacher's time per input
+    assert not calibration(0.3, 0.5).costs_more_than_teacher
+    assert not calibration(0.9, None).costs_more_than_teacher  # not measured (an older export): cascade
