@@ -62,6 +62,15 @@ def _documented(endpoint: Endpoint) -> Callable[..., Coroutine[Any, Any, Any]]:
     return documented
 
 
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The answer; with `stream: true`, server-sent events (`data: {...}` lines, then "
+        "`data: [DONE]` for the OpenAI endpoints).",
+        "content": {"text/event-stream": {"schema": {}}},  # each event: a JSON object (or [DONE])
+    }
+}
+
+
 class TaskRoute(APIRoute):
     """`POST` one task endpoint."""
 
@@ -73,7 +82,8 @@ class TaskRoute(APIRoute):
             methods=["POST"],
             name=endpoint.path.removeprefix("/v1/").replace("-", "_"),
             response_model=endpoint.response,
-            responses=OPENAI_ERRORS if endpoint.errors == "openai" else ERRORS,
+            responses=(OPENAI_ERRORS if endpoint.errors == "openai" else ERRORS)
+            | (STREAMED if endpoint.streams else {}),
             summary=endpoint.summary,
             tags=list(endpoint.tags),
         )

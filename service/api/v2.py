@@ -255,13 +255,17 @@ async def server_metadata(request: Request) -> ServerMetadata:
     return ServerMetadata(name="distilserve", version=request.app.version, extensions=EXTENSIONS)
 
 
-@router.get("/health/live", summary="Live: 200 while the process answers.")
+@router.get("/health/live", summary="Live: 200 while the process answers.", response_class=Response)
 @router.head("/health/live", include_in_schema=False)
 async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@router.get("/health/ready", summary="Ready: 200 once models are loaded and warm, 400 otherwise.")
+@router.get(
+    "/health/ready",
+    summary="Ready: 200 once models are loaded and warm, 400 otherwise.",
+    response_class=Response,
+)
 @router.head("/health/ready", include_in_schema=False)
 async def server_ready(request: Request) -> Response:
     return Response(status_code=200 if getattr(request.app.state, "ready", False) else 400)
@@ -276,12 +280,18 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Resp
     return Response(status_code=200)
 
 
-@router.get("/models/{name}/ready", summary="Model ready: 200, 400 if not ready, 404 if unknown.")
+@router.get(
+    "/models/{name}/ready",
+    summary="Model ready: 200, 400 if not ready, 404 if unknown.",
+    response_class=Response,
+)
 async def model_ready(request: Request, name: str) -> Response:
     return await _model_ready(request, name, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready", summary="Model version ready.")
+@router.get(
+    "/models/{name}/versions/{version}/ready", summary="Model version ready.", response_class=Response
+)
 async def model_version_ready(request: Request, name: str, version: str) -> Response:
     return await _model_ready(request, name, version)
 

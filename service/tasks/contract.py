@@ -134,7 +134,7 @@ Handler = Callable[[Any, Exchange, Collaborators], Awaitable[Any]]
 class Endpoint:
     """`POST path`: a JSON `body` in, `handle(body, exchange, collaborators)` -> the answer (or an
     EventStream). `response` documents the answer (None: undocumented); `errors` picks the error shape
-    (ours or OpenAI's)."""
+    (ours or OpenAI's); `streams`: with `stream: true` the answer is server-sent events instead."""
 
     path: str
     body: type[BaseModel]
@@ -143,6 +143,7 @@ class Endpoint:
     handle: Handler
     errors: Literal["distilserve", "openai"] = "distilserve"
     tags: tuple[str, ...] = ("tasks",)
+    streams: bool = False
 
 
 # -- the Open Inference Protocol v2 interface -------------------------------------------------------------

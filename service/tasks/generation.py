@@ -139,6 +139,7 @@ TASK = ServedTask(
             "Continue a prompt; with stream=true, one SSE event per token and a final event.",
             handle_generate,
             tags=("generation",),
+            streams=True,
         ),
         Endpoint(
             "/v1/completions",
@@ -148,6 +149,7 @@ TASK = ServedTask(
             handle_completions,
             errors="openai",
             tags=("generation",),
+            streams=True,
         ),
         Endpoint(
             "/v1/chat/completions",
@@ -157,6 +159,7 @@ TASK = ServedTask(
             handle_chat_completions,
             errors="openai",
             tags=("generation",),
+            streams=True,
         ),
     ),
     v2=V2Interface(
