@@ -64,7 +64,7 @@ class SamplingFields(BaseModel):
     top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely tokens; 0: all.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (HF).")
-    seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible (an int64).")
     stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
     truncate_prompt: bool = Field(
         False, description="Keep the prompt's end when it exceeds the window (or the server's cache budget)."

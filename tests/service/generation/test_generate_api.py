@@ -78,6 +78,19 @@ def test_a_tiny_repetition_penalty_samples_real_tokens(client: TestClient) -> No
     assert r.json()["tokens"] >= 1
 
 
+def test_a_seed_beyond_int64_is_refused_and_the_largest_one_serves(client: TestClient) -> None:
+    # found by tests/service/test_openapi_fuzz.py: a seed past 2**64 was a 500 (engine messages carry int64)
+    for path, length, text in (
+        ("/v1/generate", "max_new_tokens", lambda r: r["generated_text"]),
+        ("/v1/completions", "max_tokens", lambda r: r["choices"][0]["text"]),
+    ):
+        body = {"prompt": "The film was", "temperature": 0.8, length: 4}
+        assert "seed" in error(client.post(path, json={**body, "seed": 2**64}))
+        twice = [client.post(path, json={**body, "seed": 2**63 - 1}) for _ in range(2)]
+        assert [r.status_code for r in twice] == [200, 200], twice[0].text
+        assert text(twice[0].json()) == text(twice[1].json())
+
+
 # -- the cache budget ------------------------------------------------------------------------------------
 
 
