@@ -1,9 +1,10 @@
 """Every HTTP endpoint fed what hypothesis makes of its own OpenAPI schema (schemathesis): whatever a client
 sends, the answer is never a 5xx, and every answer is what the schema documents.
 
-The schema is served by a real `python -m service` over the tiny repository (one model per task), with each
-`model` field and `{name}` path parameter narrowed to the served names (and one that is not served), so the
-generated requests reach the tasks' own checks instead of stopping at "not served". Loading and unloading
+The schema is served by a real `python -m service` over one model per task, the encoder pairs (their cascade
+and shadow paths) and a sentence encoder, with each `model` field and `{name}` path parameter narrowed to the
+served names (and one that is not served), so the generated requests reach the tasks' own checks instead of
+stopping at "not served". Loading and unloading
 models is left out: it would change what the rest of the run finds served.
 """
 
@@ -25,10 +26,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import TASK_MODEL_NAMES
+from tests.conftest import PAIR_NAMES, TASK_MODEL_NAMES
 from tests.service.live_server import LiveServer, live_server
 
-NAMES = [*TASK_MODEL_NAMES.values(), "not-served"]
+EMBEDDER = "embed"
+PAIRS = [name for student in PAIR_NAMES.values() for name in (student, f"{student}-teacher")]
+# every served name, and one that is not: requests name them, answers say which of them answered
+NAMES = [*TASK_MODEL_NAMES.values(), *PAIRS, EMBEDDER, "not-served"]
 LEFT_OUT = ("/load", "/unload")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))  # per operation; a longer hunt: FUZZ_EXAMPLES=1000
 # what every answer must be; not "schema-valid data is accepted": a task checks more than a schema can say
@@ -37,13 +41,31 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture(scope="module")
-def served(tiny_repository: Path) -> Iterator[LiveServer]:
-    with live_server(tiny_repository) as server:
+def served(
+    tiny_repository: Path, pair_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    import shutil
+
+    from export.pipeline import export_model
+    from tests.export.test_embeddings_export import build_sentence_model, write_sentences
+
+    root = tmp_path_factory.mktemp("fuzzed")
+    repository = root / "models"
+    for source in (tiny_repository, pair_repository):
+        shutil.copytree(source, repository, dirs_exist_ok=True)
+    sentences = write_sentences(root / "sentences.txt")
+    encoder = build_sentence_model(root / EMBEDDER)
+    exported = export_model(
+        encoder, "sentence-embeddings", EMBEDDER, repository, ("fp32",), eval_data=sentences
+    )
+    assert exported.version_dir is not None
+    with live_server(repository, env={"DISTILSERVE_SHADOW_RATE": "0.5"}) as server:
         yield server
 
 
 def aimed_at_served_models(raw: dict[str, Any]) -> dict[str, Any]:
-    """The schema with every `model` property and `name` path parameter drawn from NAMES."""
+    """The schema with every `model` property (requests' and answers') and `name` path parameter drawn
+    from NAMES."""
 
     def visit(node: Any) -> None:
         if isinstance(node, dict):
