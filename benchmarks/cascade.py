@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import numpy as np
@@ -172,15 +172,35 @@ def _served_threshold(base: str, student: str) -> float:
     return float(card["cascade"]["threshold"])
 
 
+def cost_line(calibration: dict[str, Any]) -> str:
+    """What the export's timing says the calibrated cascade costs per input, in teacher passes."""
+    cost = calibration.get("student_cost")
+    if cost is None:
+        return "The export did not time the pair (an export from before `student_cost`)."
+    total = cost + calibration["fallback_rate"]
+    direct = ": more than the teacher alone, so the service skips the student there" if total >= 1 else ""
+    return (
+        f"The export timed the student at {cost:.2f} of the teacher; the calibrated cascade costs "
+        f"{cost:.2f} + {calibration['fallback_rate']:.1%} sent = {total:.2f} teacher passes an input{direct}."
+    )
+
+
 def report(
-    name: str, data: EvalSet, quality: Quality, speed: dict[str, LoadResult], target: float, connections: int
+    name: str,
+    data: EvalSet,
+    quality: Quality,
+    speed: dict[str, LoadResult],
+    calibration: dict[str, Any],
+    connections: int,
 ) -> str:
     q, m = quality, data.quality_name
     h = q.held_out
+    target = calibration["target_agreement"]
     lines = [
         f"# The cascade on {name} ({len(data.items)} eval inputs)",
         "",
         f"Calibrated at export for {target:.0%} agreement with the teacher: threshold {q.threshold:.4f}.",
+        cost_line(calibration),
         "",
         f"| way | {m} | sent to the teacher | agreement with the teacher |",
         "|---|---|---|---|",
@@ -312,7 +332,8 @@ def main(
         speed = throughput(base, data, student, teacher, connections, seconds, extra)
     live = replay_with_shadows(repository, data, student, offline, connections, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    text = report(student, data, quality, speed, target, connections) + fewest(points, bound, quality, data)
+    text = report(student, data, quality, speed, manifest["cascade"], connections)
+    text += fewest(points, bound, quality, data)
     text += live_report(live, speed["student alone"], quality)
     (out / f"cascade-{student}.md").write_text(text, encoding="utf-8")
     record = {
