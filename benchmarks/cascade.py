@@ -177,11 +177,12 @@ def cost_line(calibration: dict[str, Any]) -> str:
     cost = calibration.get("student_cost")
     if cost is None:
         return "The export did not time the pair (an export from before `student_cost`)."
-    total = cost + calibration["fallback_rate"]
+    sent = calibration["fallback_rate"]
+    total = cost + sent
     direct = ": more than the teacher alone, so the service skips the student there" if total >= 1 else ""
     return (
         f"The export timed the student at {cost:.2f} of the teacher; the calibrated cascade costs "
-        f"{cost:.2f} + {calibration['fallback_rate']:.1%} sent = {total:.2f} teacher passes an input{direct}."
+        f"{cost:.2f} + {100 * sent:.1f} % sent = {total:.2f} teacher passes an input{direct}."
     )
 
 
