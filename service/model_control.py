@@ -38,6 +38,7 @@ from service.runtime import (
 )
 from service.settings import Settings
 from service.startup import StartupClock
+from service.tasks import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +253,9 @@ class ModelControl:
         with clock.phase("repository"):  # manifest read and validated, every file's checksum
             version = read_version(directory)
         with clock.phase("sessions"):  # ONNX Runtime sessions (and a decoder's thread timing)
+            asks = TASKS[version.manifest.task].engine
             model = load_engine_model(
-                version, self.settings, self.metrics, self.engine_factory, self._clients
+                version, self.settings, self.metrics, self.engine_factory, self._clients, asks
             )
         if self.settings.warmup:
             try:

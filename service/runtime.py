@@ -25,7 +25,6 @@ from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion
 from service.settings import Settings
 from service.stats import ModelStats
-from service.tasks import TASKS
 from service.tokenization import EncodedText, pad_batch
 
 log = logging.getLogger(__name__)
@@ -103,6 +102,21 @@ def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) 
     )
 
 
+BatchFinish = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class EngineAsks:
+    """Work a task's outputs need that is cheapest on the engine, once per batch (each task says its own:
+    service.tasks, `ServedTask.engine`).
+
+    `gather_token`: only the positions holding this token (of the manifest) come back, not a row per
+    token; `finish`: post-processing of a whole batch's outputs, run on the engine thread."""
+
+    gather_token: Callable[[Manifest], int | None] | None = None
+    finish: BatchFinish | None = None
+
+
 class EncoderRunner:
     """Runs a batch of encoded sequences through an encoder graph; returns each item's own outputs.
 
@@ -117,7 +131,7 @@ class EncoderRunner:
         pad_token_id: int,
         per_position: frozenset[str] = frozenset(),
         gather_token_id: int | None = None,
-        finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+        finish: BatchFinish | None = None,
     ) -> None:
         self.engine = engine
         self.pad_token_id = pad_token_id
@@ -275,9 +289,11 @@ def load_engine_model(
     metrics: Metrics,
     engine_factory: EngineFactory,
     clients: ClientWork | None = None,
+    asks: EngineAsks = EngineAsks(),
 ) -> EngineModel:
     """Build what the engine runs for one model version; the batcher is started later, inside the loop.
-    `clients`: the engine's batchers together, whose client work shadow items yield to."""
+    `clients`: the engine's batchers together, whose client work shadow items yield to; `asks`: what the
+    model's task wants of each batch on the engine thread."""
     manifest = version.manifest
     generation = manifest.generation is not None
     plan = engine_plan(settings, on_gpu=False, generation=generation)
@@ -303,7 +319,6 @@ def load_engine_model(
         hooks = counting_steps(metrics.generation_hooks(name), model.stats)
         model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks)
     else:
-        asks = TASKS[manifest.task].engine
         gather = asks.gather_token(manifest) if asks.gather_token is not None else None
         model.runner = EncoderRunner(
             engine, manifest.tokenizer.pad_token_id, per_position_outputs(manifest), gather, asks.finish

@@ -10,17 +10,17 @@ framework.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.exchange import Exchange
+from service.runtime import EngineAsks
 
 if TYPE_CHECKING:
     from service.cascade import Pairs
-    from service.manifest import Manifest
     from service.metrics import Metrics
     from service.registry import ModelRegistry
     from service.served import ServedModel
@@ -181,25 +181,9 @@ class V2Interface:
     run: Callable[[V2Job], Awaitable[dict[str, np.ndarray]]]
 
 
-# -- what the engine does for a task ----------------------------------------------------------------------
-
-BatchFinish = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class EngineAsks:
-    """Work a task's outputs need that is cheapest on the engine, once per batch.
-
-    `gather_token`: only the positions holding this token (of the manifest) come back, not a row per
-    token; `finish`: post-processing of a whole batch's outputs, run on the engine thread."""
-
-    gather_token: Callable[[Manifest], int | None] | None = None
-    finish: BatchFinish | None = None
-
-
 @dataclass(frozen=True)
 class ServedTask:
     name: str  # as manifests name it
     endpoints: tuple[Endpoint, ...]
     v2: V2Interface
-    engine: EngineAsks = EngineAsks()
+    engine: EngineAsks = field(default_factory=EngineAsks)
