@@ -2,7 +2,7 @@
 
 from fastapi import FastAPI
 
-from service.api import health, models, v2, v2_extensions
+from service.api import health, models, v2, v2_extensions, v2_generate
 from service.api.task_route import task_routes
 
 
@@ -18,6 +18,7 @@ def add_routes(app: FastAPI) -> None:
     app.router.routes.extend(task_routes())
     routers = (
         v2.infer_router,
+        v2_generate.router,
         v2_extensions.router,
         v2.router,
         models.router,

@@ -56,6 +56,7 @@ PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
+    "generate",  # service.api.v2_generate
     "parameters",
     "model_configuration",  # service.api.v2_extensions
     "model_repository",  # the index only: the repository is fixed at start-up
