@@ -16,8 +16,10 @@ share HTTP's. An RPC is read into /v2's envelope and runs /v2's code (`v2.v2_job
 - keys: `authorization: Bearer <key>` metadata, as HTTP's header; ServerLive and ServerReady stay open, as
   /v2/health/* do.
 - model config, repository index and statistics: Triton's messages, made from what /v2 answers in JSON.
-  Load and unload as over HTTP (service.model_control); streaming, shared memory, trace and log settings
-  answer UNIMPLEMENTED.
+  Load and unload as over HTTP (service.model_control); shared memory, trace and log settings answer
+  UNIMPLEMENTED.
+- streaming (ModelStreamInfer, Triton's decoupled models): each request on the stream as ModelInfer, a
+  generation prompt answered in pieces as its tokens come.
 
 ModelInfer counts in the request metrics and model statistics under /v2's HTTP status, and drains with
 HTTP's requests (SIGTERM: new ones get UNAVAILABLE, admitted ones finish); every RPC writes an access line
@@ -30,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -82,6 +85,16 @@ STOP_GRACE_S = 5.0  # admitted calls were already waited for by the drain (they 
 # -- the service ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a request failed, as gRPC says it: /v2's status, its code, trailing metadata and message."""
+
+    status: int
+    code: Any
+    metadata: tuple[tuple[str, str], ...]
+    message: str
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """One frontend's gRPC service over the app's collaborators (`app.state`, built by the lifespan)."""
 
@@ -126,6 +139,65 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._answer(
             "ModelInfer", context, lambda x: self._infer(request, context, x), work=True
         )
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """Decoupled inference (tritonclient.grpc's `start_stream` and `async_stream_infer`): every request
+        on the stream runs as ModelInfer does, beside the others, and answers in one or more responses: a
+        generation prompt in the pieces its tokens come in (the task's `V2Interface.stream`), anything else
+        whole. A failed request is a response with its `error_message`; the stream goes on. With the request
+        parameter `triton_enable_empty_final_response`, each response says `triton_final_response` false and
+        an empty one saying true ends the request (Triton's decoupled convention). A client that closes the
+        stream cancels what it still runs."""
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(self._stream_one(request, context, out.put_nowait))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.wait(set(running))
+
+        reader = asyncio.create_task(read())
+        reader.add_done_callback(
+            lambda _: out.put_nowait(None)
+        )  # ended, failed or cancelled: so is the stream
+        try:
+            while (response := await out.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _stream_one(self, request: Any, context: Any, emit: Callable[[Any], None]) -> None:
+        flagged = _bool_parameter(request, "triton_enable_empty_final_response")
+
+        async def run(x: Exchange) -> None:
+            c = loaded(self.state)
+            model = find_model(c.registry, request.model_name, request.model_version or None)
+            x.serve(model.name, model.manifest.task, model.stats)
+            parsed, binary = read_request(request)
+            job, choices = v2_job(c, model, parsed, binary, x, context.time_remaining())
+            interface = TASKS[model.manifest.task].v2
+            pieces = interface.stream(job) if interface.stream is not None else _whole(interface.run(job))
+            async for tensors in pieces:
+                response = infer_response(
+                    request.id, model, as_classifications(tensors, choices, model), choices
+                )
+                if flagged:
+                    response.parameters["triton_final_response"].bool_param = False
+                emit(service_pb2.ModelStreamInferResponse(infer_response=response))
+
+        _, outcome = await self._serve("ModelStreamInfer", context, run, work=True)
+        if isinstance(outcome, Failure):  # tritonclient reads the message; the response names the request
+            named = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name)
+            emit(service_pb2.ModelStreamInferResponse(error_message=outcome.message, infer_response=named))
+        if flagged:
+            final = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name)
+            final.parameters["triton_final_response"].bool_param = True
+            emit(service_pb2.ModelStreamInferResponse(infer_response=final))
 
     # -- Triton's extensions
 
@@ -230,15 +302,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         protected: bool = True,
         work: bool = False,
     ) -> T:
-        """`run`'s answer, or the RPC aborted with /v2's status as a gRPC code. `work`: a request for work,
-        counted in the metrics and the drain gate."""
+        """`run`'s answer, or the RPC aborted with /v2's status as a gRPC code."""
+        x, outcome = await self._serve(method, context, run, protected, work)
+        if isinstance(outcome, Failure):
+            trailing = ((REQUEST_ID, x.request_id), *outcome.metadata)
+            await context.abort(outcome.code, outcome.message, trailing_metadata=trailing)
+            raise AssertionError("context.abort always raises")  # pragma: no cover
+        context.set_trailing_metadata(((REQUEST_ID, x.request_id),))
+        return outcome
+
+    async def _serve(
+        self,
+        method: str,
+        context: Any,
+        run: Callable[[Exchange], Awaitable[T]],
+        protected: bool = True,
+        work: bool = False,
+    ) -> tuple[Exchange, T | Failure]:
+        """`run`'s answer or why it failed, with what every request shares: keys, the drain gate, metrics,
+        its span and access line. `work`: a request for work, counted in the metrics and the drain gate."""
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         x = Exchange(request_id=request_id_from(Headers(metadata)), limits=self.limits)
         arrived, started = datetime.now(UTC), time.perf_counter()
         span = self._span(method, metadata, x, started)
         status: int | None = None
         admitted = False
-        failure: tuple[int, Any, tuple[tuple[str, str], ...], str] | None = None
         if work:
             self.metrics.in_flight.inc()
         try:
@@ -253,15 +341,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 admitted = True
             answer = await run(x)
             status = 200
-            context.set_trailing_metadata(((REQUEST_ID, x.request_id),))
-            return answer
+            return x, answer
         except asyncio.CancelledError:  # the client left, or its deadline passed
             remaining = context.time_remaining()
             status = 504 if remaining is not None and remaining <= 0 else 499
             raise
         except Exception as exc:
             failure = self._failure(exc, method, x)
-            status = failure[0]
+            status = failure.status
+            return x, failure
         finally:
             if admitted:
                 self.gate.in_flight -= 1
@@ -271,22 +359,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 record_request(self.metrics, x, status, elapsed)
             trace_id = self._trace(span, method, x, status, started + elapsed)
             self._log(method, context, x, status, arrived, elapsed, trace_id)
-        _, code, extra, message = failure
-        await context.abort(code, message, trailing_metadata=((REQUEST_ID, x.request_id), *extra))
-        raise AssertionError("context.abort always raises")  # pragma: no cover
 
     @staticmethod
-    def _failure(
-        exc: Exception, method: str, x: Exchange
-    ) -> tuple[int, Any, tuple[tuple[str, str], ...], str]:
+    def _failure(exc: Exception, method: str, x: Exchange) -> Failure:
         found = grpc_status(exc)
         if found is None:
             log.exception("gRPC %s failed (request %s)", method, x.request_id)
-            return 500, Code.INTERNAL, (), f"internal error (request {x.request_id})"
+            return Failure(500, Code.INTERNAL, (), f"internal error (request {x.request_id})")
         status, code, extra = found
         if status >= 500:
             log.error("gRPC %s failed (request %s): %s", method, x.request_id, exc)
-        return status, code, extra, str(exc)
+        return Failure(status, code, extra, str(exc))
 
     def _span(self, method: str, metadata: dict[str, str], x: Exchange, started: float) -> Any:
         """Tracing on: the RPC's server span (a `traceparent` in its metadata is its parent), and a sampled
@@ -336,6 +419,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 async def _reply(message: T) -> T:
     return message
+
+
+async def _whole(answer: Awaitable[T]) -> AsyncIterator[T]:
+    yield await answer
+
+
+def _bool_parameter(request: Any, name: str) -> bool:
+    return name in request.parameters and request.parameters[name].bool_param
 
 
 async def _live() -> Any:

@@ -38,7 +38,7 @@ from service.generation.sequence import TokenEvent
 from service.tasks.common import validated
 from service.tasks.contract import Collaborators
 from service.tasks.generation import GenerateRequest
-from service.tasks.generation_base import complete, open_stream, prepare, sse, stream_failed
+from service.tasks.generation_base import complete, open_stream, prepare, sse, stream_failed, text_pieces
 
 router = v2_router()
 
@@ -171,13 +171,10 @@ async def generate(
 async def _events(
     head: dict[str, Any], prefix: str, groups: AsyncIterator[list[TokenEvent]], x: Exchange
 ) -> AsyncIterator[bytes]:
-    tokens = 0
     try:
-        async for group in groups:
-            text = prefix + "".join(e.text for e in group)
-            prefix, tokens = "", tokens + sum(e.token_id is not None for e in group)
-            finish = next((e.finish_reason for e in group if e.finish_reason is not None), None)
-            yield sse(head | {"text_output": text, "finish_reason": finish, "tokens": tokens})
+        async for text, tokens, finish in text_pieces(groups):
+            yield sse(head | {"text_output": prefix + text, "finish_reason": finish, "tokens": tokens})
+            prefix = ""
     except Exception as e:  # the stream has started: the error travels as an event
         stream_failed(x, e)
         yield sse({"error": str(e)})

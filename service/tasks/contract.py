@@ -179,6 +179,8 @@ class V2Interface:
     outputs: tuple[TensorMetadata, ...]
     parameters: tuple[str, ...]  # the request parameters passed on to the task, named as in /v1
     run: Callable[[V2Job], Awaitable[dict[str, np.ndarray]]]
+    # decoupled (gRPC ModelStreamInfer): the answer in pieces, each in `outputs`' shape; None: `run`'s, whole
+    stream: Callable[[V2Job], AsyncIterator[dict[str, np.ndarray]]] | None = None
 
 
 @dataclass(frozen=True)

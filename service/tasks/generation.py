@@ -41,6 +41,7 @@ from service.tasks.generation_base import (
     prepare,
     sse,
     stream_failed,
+    text_pieces,
 )
 from service.tasks.openai_generation import (
     ChatCompletionRequest,
@@ -129,6 +130,29 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     }
 
 
+async def infer_stream(job: V2Job) -> AsyncIterator[dict[str, np.ndarray]]:
+    """One prompt's text in the pieces the engine hands out: TEXT a piece, TOKENS so far, FINISH_REASON ""
+    until the last. Several prompts in one request: one answer, `infer`'s (a piece of which prompt?)."""
+    if len(job.texts["PROMPT"]) != 1:
+        yield await infer(job)
+        return
+    body = validated(
+        GenerateRequest,
+        {"prompt": job.texts["PROMPT"][0], **passed(job, TASK.v2.parameters)},
+        {"prompt": "PROMPT"},
+    )
+    prepared = prepare(
+        job.model, body.prompt, body.sampling(body.max_new_tokens), body.truncate_prompt, job.c.metrics, job.x
+    )
+    _, groups = await open_stream(prepared)  # a refusal before the first token is still the request's error
+    async for text, tokens, finish in text_pieces(groups):
+        yield {
+            "TEXT": strings([text]),
+            "TOKENS": np.array([tokens], dtype=np.int64),
+            "FINISH_REASON": strings([finish or ""]),
+        }
+
+
 TASK = ServedTask(
     name=NAME,
     endpoints=(
@@ -176,5 +200,6 @@ TASK = ServedTask(
             "truncate_prompt",
         ),
         run=infer,
+        stream=infer_stream,
     ),
 )

@@ -193,6 +193,16 @@ async def _prepend(
         trace_generation(prepared, seq)  # the stream ended (or its client left): before the request's spans
 
 
+async def text_pieces(groups: AsyncIterator[list[TokenEvent]]) -> AsyncIterator[tuple[str, int, str | None]]:
+    """Each group of a stream's events as (its text, tokens generated so far, how the sequence ended: None
+    until the last group): what a protocol that streams text pieces sends (v2's generate extension, gRPC)."""
+    tokens = 0
+    async for group in groups:
+        tokens += sum(e.token_id is not None for e in group)
+        finish = next((e.finish_reason for e in group if e.finish_reason is not None), None)
+        yield "".join(e.text for e in group), tokens, finish
+
+
 def trace_generation(prepared: Prepared, seq: Sequence) -> None:
     """A sampled request's phases of one sequence (see the module's docstring); nothing otherwise."""
     if prepared.phases is not None:
