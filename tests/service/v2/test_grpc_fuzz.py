@@ -1,7 +1,8 @@
-"""ModelInfer over gRPC fed requests hypothesis builds from the protocol's own messages: any tensor names,
-datatypes, shapes, typed or raw contents and parameters, for every served model and one that is not. However
-wrong, a request is answered with a status that says whose fault it is (INVALID_ARGUMENT, NOT_FOUND, ...):
-never INTERNAL or UNKNOWN, and the server keeps answering."""
+"""ModelInfer and ModelStreamInfer over gRPC fed requests hypothesis builds from the protocol's own
+messages: any tensor names, datatypes, shapes, typed or raw contents and parameters, for every served model
+and one that is not. However wrong, a request is answered with a status that says whose fault it is
+(INVALID_ARGUMENT, NOT_FOUND, ...; on a stream, its error message): never INTERNAL or UNKNOWN, every streamed
+request ends, and the server keeps answering."""
 
 from __future__ import annotations
 
@@ -135,4 +136,21 @@ def test_no_request_gets_an_internal_error(stub: Any) -> None:
 
     check()
     live = stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=10)  # and the server is still there
+    assert live.live
+
+
+def test_no_streamed_request_gets_an_internal_error(stub: Any) -> None:
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(requests=st.lists(REQUESTS, min_size=1, max_size=3))
+    def check(requests: list[Any]) -> None:
+        for request in requests:
+            request.parameters["triton_enable_empty_final_response"].bool_param = True
+        finals = 0
+        for response in stub.ModelStreamInfer(iter(requests), timeout=60):
+            assert not response.error_message.startswith("internal error"), (response.error_message, requests)
+            finals += response.infer_response.parameters["triton_final_response"].bool_param
+        assert finals == len(requests)  # every request ended, failed or not
+
+    check()
+    live = stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=10)
     assert live.live
