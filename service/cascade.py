@@ -51,9 +51,9 @@ def confidence(rows: Any) -> float:
 
 
 def best_answer(rows: Any) -> dict[str, Any] | None:
-    """What two models agree on: the best answer without its score and who gave it (a label; a span and
+    """What two models agree on: the best answer without its scores and who gave it (a label; a span and
     its text; a token)."""
-    return {k: v for k, v in rows[0].items() if k not in ("score", "model")} if rows else None
+    return {k: v for k, v in rows[0].items() if k not in ("score", "raw_score", "model")} if rows else None
 
 
 @dataclass(frozen=True)

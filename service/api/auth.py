@@ -1,4 +1,5 @@
-"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2, /embed.
+"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2 and TEI's
+paths (/embed, /predict).
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.errors import UnauthorizedError, response_for
+from service.api.errors import TEI_PATHS, UnauthorizedError, response_for
 from service.settings import Settings
 
 PROTECTED_PREFIXES = ("/v1/", "/v2/")
@@ -88,7 +89,7 @@ class ApiKeyMiddleware:
     def protects(self, path: str) -> bool:
         if path.startswith("/v2/health/"):  # liveness/readiness probes (Kubernetes) carry no key
             return False
-        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", "/embed"):  # /embed: TEI's path
+        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", *TEI_PATHS):
             return True
         return self._protect_metrics and (path == "/metrics" or path.startswith("/metrics/"))
 

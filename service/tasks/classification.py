@@ -1,24 +1,27 @@
 """Text classification: texts -> the top-k `{label, score}` pairs of each (the HF pipeline's shape).
 
-`POST /v1/classify`; v2: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability), SCORES FP32
-[b, num_labels] (every label's probability, in the manifest's label order). The engine adds the class
-probabilities once per batch.
+`POST /v1/classify`; `POST /predict`, text-embeddings-inference's: `inputs` one text or a batch `[[text],
+...]`, `raw_scores`, `truncate` -> every label's `{label, score}`, best first; what TEI's validation refuses
+is a 413, as TEI answers, and a pair of texts (TEI's cross-encoder input) is refused: these models read one.
+v2: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability), SCORES FP32 [b, num_labels]
+(every label's probability, in the manifest's label order). The engine adds the class probabilities once
+per batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
 from service.tasks.common import (
     answering,
     check_chars,
-    enforce_window,
+    fit_window,
     label_order,
     passed,
     per_text_endpoint,
@@ -29,8 +32,10 @@ from service.tasks.common import (
 )
 from service.tasks.contract import (
     CascadeRequest,
+    Collaborators,
     Endpoint,
     EngineAsks,
+    InvalidInputError,
     ServedTask,
     Texts,
     V2Interface,
@@ -84,13 +89,120 @@ def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int, mo
 async def classify(
     model: ServedModel, texts: Sequence[str], top_k: int, metrics: Metrics, timeout_s: float, x: Exchange
 ) -> list[list[LabelScore]]:
+    outputs = await _outputs(model, texts, None, metrics, timeout_s, x)
+    labels = model.manifest.labels
+    return [top_labels(o["probabilities"], labels, top_k, model.name) for o in outputs]
+
+
+async def _outputs(
+    model: ServedModel,
+    texts: Sequence[str],
+    truncate: bool | None,
+    metrics: Metrics,
+    timeout_s: float,
+    x: Exchange,
+) -> list[dict[str, np.ndarray]]:
     check_chars(texts, x)
     with tokenizing(metrics, model, x):
         encoded = model.encoder.encode(texts)
-    enforce_window(encoded, model.encoder.max_length, x)
-    outputs = await run_all(model, encoded, timeout_s, x)
+    fit_window(encoded, model.encoder.max_length, x, truncate)
+    return await run_all(model, encoded, timeout_s, x)
+
+
+# -- text-embeddings-inference's /predict -----------------------------------------------------------------
+
+
+class PredictRequest(BaseModel):
+    """TEI's /predict request; `model` and `cascade_threshold` are distilserve's own."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    inputs: str | list[str] | list[list[str]] = Field(
+        ...,
+        description='One text, or a batch of them as TEI writes it: [["text"], ["text"], ...]. A pair '
+        '(["a", "b"], [["a", "b"]]: a cross-encoder\'s input) is refused: these models read one text.',
+        examples=["I loved this film"],
+    )
+    raw_scores: bool = Field(False, description="Each label's logit instead of its probability.")
+    truncate: bool | None = Field(
+        None,
+        description="Cut texts past the model's window; false: refuse them (413). Default: the server's "
+        "DISTILSERVE_TRUNCATION.",
+    )
+    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
+    model: str | None = Field(None, description="Model name; default: the first model serving the task.")
+    cascade_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description="As /v1/classify's: a student's unsure texts go to its teacher."
+    )
+
+
+class Prediction(TypedDict):
+    label: str
+    score: float
+    model: str  # the model that answered (a student, or its teacher for an unsure input)
+
+
+class Scored(Prediction):
+    raw_score: float  # the label's logit (the cascade reads the probability, `score`)
+
+
+def tei_texts(inputs: str | list[str] | list[list[str]]) -> tuple[list[str], bool]:
+    """The texts of a /predict request, and whether it was a batch."""
+    pair = "a pair of texts is a cross-encoder's input, and these models read one text"
+    if isinstance(inputs, str):
+        if not inputs.strip():
+            raise InvalidInputError("inputs: the text is empty", param="inputs")
+        return [inputs], False
+    if not inputs:
+        raise InvalidInputError("inputs: the batch is empty", param="inputs")
+    if all(isinstance(i, str) for i in inputs):
+        raise InvalidInputError(
+            f'inputs: TEI reads a list of texts as a pair; {pair}. A batch is [["a"], ["b"]]', param="inputs"
+        )
+    texts = []
+    for i, item in enumerate(inputs):
+        if not isinstance(item, list) or len(item) != 1:
+            raise InvalidInputError(f'inputs[{i}]: expected one text, ["text"] ({pair})', param="inputs")
+        if not item[0].strip():
+            raise InvalidInputError(f"inputs[{i}]: the text is empty", param="inputs")
+        texts.append(item[0])
+    return texts, True
+
+
+async def handle_predict(
+    body: PredictRequest, x: Exchange, c: Collaborators
+) -> list[Prediction] | list[list[Prediction]]:
+    model = c.resolve(NAME, body.model, None, x)
+    texts, batch = tei_texts(body.inputs)
+    texts = c.texts(texts, x)
+    metrics, timeout_s = c.metrics, c.settings.request_timeout_s
+
+    async def every_label(model: ServedModel, texts: Sequence[str], x: Exchange) -> list[list[Scored]]:
+        outputs = await _outputs(model, texts, body.truncate, metrics, timeout_s, x)
+        return [_scored(o, model) for o in outputs]
+
+    rows = await c.pairs.answer(model, texts, every_label, body.cascade_threshold, x)
+    answers = [
+        [
+            Prediction(
+                label=r["label"], score=r["raw_score"] if body.raw_scores else r["score"], model=r["model"]
+            )
+            for r in row
+        ]
+        for row in rows
+    ]
+    return answers if batch else answers[0]
+
+
+def _scored(outputs: dict[str, np.ndarray], model: ServedModel) -> list[Scored]:
+    """Every label, best first, with its probability and its logit."""
+    probabilities, logits = outputs["probabilities"], outputs["logits"].tolist()
     labels = model.manifest.labels
-    return [top_labels(o["probabilities"], labels, top_k, model.name) for o in outputs]
+    logit_of = {labels.get(i, f"LABEL_{i}"): float(v) for i, v in enumerate(logits)}
+    return [
+        Scored(label=b["label"], score=b["score"], model=b["model"], raw_score=logit_of[b["label"]])
+        for b in top_labels(probabilities, labels, len(probabilities), model.name)
+    ]
 
 
 async def infer(job: V2Job) -> dict[str, np.ndarray]:
@@ -118,6 +230,13 @@ TASK = ServedTask(
             list[LabelScore] | list[list[LabelScore]],
             "Classify one text (-> a list of {label, score}) or a list of texts (-> a list per text).",
             per_text_endpoint(NAME, classify),
+        ),
+        Endpoint(
+            "/predict",
+            PredictRequest,
+            list[Prediction] | list[list[Prediction]],
+            "text-embeddings-inference's /predict: every label of one text, or of each text of a batch.",
+            handle_predict,
         ),
     ),
     v2=V2Interface(

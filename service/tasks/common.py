@@ -87,6 +87,24 @@ def enforce_window(encoded: Sequence[EncodedText], window: int, x: Exchange) -> 
     x.add_truncated(len(over))
 
 
+def fit_window(encoded: Sequence[EncodedText], window: int, x: Exchange, truncate: bool | None) -> None:
+    """TEI's `truncate`: None follows the server's policy (common.enforce_window); false refuses a text past
+    the window, true keeps its truncated encoding."""
+    if truncate is None:
+        enforce_window(encoded, window, x)
+        return
+    over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
+    for i in over:
+        where = f"input {i}" if len(encoded) > 1 else "the input"
+        if not truncate:
+            raise InvalidInputError(
+                f"{where} is longer than the model's window of {window} tokens; truncate: true cuts it"
+            )
+        if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
+            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+    x.add_truncated(len(over))
+
+
 @contextmanager
 def tokenizing(metrics: Metrics, model: ServedModel, x: Exchange) -> Iterator[None]:
     started = time.perf_counter()

@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
-from service.tasks.common import check_chars, enforce_window, passed, run_all, tokenizing, validated
+from service.tasks.common import check_chars, fit_window, passed, run_all, tokenizing, validated
 from service.tasks.contract import (
     Collaborators,
     Endpoint,
@@ -35,7 +35,6 @@ from service.tasks.contract import (
     V2Job,
     tensor,
 )
-from service.tokenization import EncodedText
 
 if TYPE_CHECKING:
     from service.manifest import EmbeddingSpec
@@ -125,24 +124,6 @@ def embedding_spec(model: ServedModel) -> EmbeddingSpec:
     spec = model.manifest.embedding
     assert spec is not None  # the manifest schema requires it of this task
     return spec
-
-
-def fit_window(encoded: Sequence[EncodedText], window: int, x: Exchange, truncate: bool | None) -> None:
-    """TEI's `truncate`: None follows the server's policy (common.enforce_window); false refuses a text past
-    the window, true keeps its truncated encoding."""
-    if truncate is None:
-        enforce_window(encoded, window, x)
-        return
-    over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
-    for i in over:
-        where = f"input {i}" if len(encoded) > 1 else "the input"
-        if not truncate:
-            raise InvalidInputError(
-                f"{where} is longer than the model's window of {window} tokens; truncate: true cuts it"
-            )
-        if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
-            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
-    x.add_truncated(len(over))
 
 
 async def embed(
