@@ -22,7 +22,7 @@ event is a v2 error (`{"error": message}` and its status: 400, 404, 429, 503); a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, Request, Response
@@ -190,41 +190,33 @@ def _documented(response: type[BaseModel], streamed: bool) -> dict[str, Any]:
     }
 
 
-@router.post(
-    "/models/{name}/generate",
-    summary="Triton's generate extension: text_input and parameters in, text_output out.",
-    **_documented(GenerateExtensionResponse, streamed=False),
-)
-async def generate_latest(request: Request, name: str, c: Collaborators = Depends(served)) -> Response:
-    return await generate(request, c, name, None, stream=False)
+def _handlers(stream: bool) -> tuple[Callable[..., Awaitable[Response]], Callable[..., Awaitable[Response]]]:
+    """The route handlers of one URL: the highest version, and a pinned one."""
+
+    async def highest(request: Request, name: str, c: Collaborators = Depends(served)) -> Response:
+        return await generate(request, c, name, None, stream)
+
+    async def pinned(
+        request: Request, name: str, version: str, c: Collaborators = Depends(served)
+    ) -> Response:
+        return await generate(request, c, name, version, stream)
+
+    return highest, pinned
 
 
-@router.post(
-    "/models/{name}/versions/{version}/generate",
-    summary="The generate extension with a pinned version.",
-    **_documented(GenerateExtensionResponse, streamed=False),
-)
-async def generate_version(
-    request: Request, name: str, version: str, c: Collaborators = Depends(served)
-) -> Response:
-    return await generate(request, c, name, version, stream=False)
-
-
-@router.post(
-    "/models/{name}/generate_stream",
-    summary="The generate extension, streamed as Server-Sent Events.",
-    **_documented(GenerateExtensionResponse, streamed=True),
-)
-async def generate_stream_latest(request: Request, name: str, c: Collaborators = Depends(served)) -> Response:
-    return await generate(request, c, name, None, stream=True)
-
-
-@router.post(
-    "/models/{name}/versions/{version}/generate_stream",
-    summary="The generate extension, streamed, with a pinned version.",
-    **_documented(GenerateExtensionResponse, streamed=True),
-)
-async def generate_stream_version(
-    request: Request, name: str, version: str, c: Collaborators = Depends(served)
-) -> Response:
-    return await generate(request, c, name, version, stream=True)
+for _stream, _suffix, _what in (
+    (False, "generate", "Triton's generate extension: text_input and parameters in, text_output out"),
+    (True, "generate_stream", "The generate extension, streamed as Server-Sent Events"),
+):
+    _highest, _pinned = _handlers(_stream)
+    _doc = _documented(GenerateExtensionResponse, streamed=_stream)
+    router.add_api_route(
+        f"/models/{{name}}/{_suffix}", _highest, methods=["POST"], summary=f"{_what}.", **_doc
+    )
+    router.add_api_route(
+        f"/models/{{name}}/versions/{{version}}/{_suffix}",
+        _pinned,
+        methods=["POST"],
+        summary=f"{_what}, with a pinned version.",
+        **_doc,
+    )

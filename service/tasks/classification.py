@@ -11,10 +11,10 @@ per batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
@@ -37,6 +37,7 @@ from service.tasks.contract import (
     EngineAsks,
     InvalidInputError,
     ServedTask,
+    TeiRequest,
     Texts,
     V2Interface,
     V2Job,
@@ -112,10 +113,8 @@ async def _outputs(
 # -- text-embeddings-inference's /predict -----------------------------------------------------------------
 
 
-class PredictRequest(BaseModel):
+class PredictRequest(TeiRequest):
     """TEI's /predict request; `model` and `cascade_threshold` are distilserve's own."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     inputs: str | list[str] | list[list[str]] = Field(
         ...,
@@ -124,12 +123,6 @@ class PredictRequest(BaseModel):
         examples=["I loved this film"],
     )
     raw_scores: bool = Field(False, description="Each label's logit instead of its probability.")
-    truncate: bool | None = Field(
-        None,
-        description="Cut texts past the model's window; false: refuse them (413). Default: the server's "
-        "DISTILSERVE_TRUNCATION.",
-    )
-    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
     model: str | None = Field(None, description="Model name; default: the first model serving the task.")
     cascade_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="As /v1/classify's: a student's unsure texts go to its teacher."

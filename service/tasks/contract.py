@@ -75,6 +75,20 @@ class ModelRequest(BaseModel):
     version: int | None = Field(None, ge=1, description="Pin a model version; default: the highest.")
 
 
+class TeiRequest(BaseModel):
+    """What text-embeddings-inference's requests share (/embed, /predict): its truncation fields; fields TEI
+    knows and distilserve does not are ignored, as TEI ignores them."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    truncate: bool | None = Field(
+        None,
+        description="Cut texts past the model's window; false: refuse them (413). Default: the server's "
+        "DISTILSERVE_TRUNCATION.",
+    )
+    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
+
+
 class CascadeRequest(ModelRequest):
     """A request a student may hand in part to its teacher (service.cascade)."""
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
@@ -30,6 +30,7 @@ from service.tasks.contract import (
     Endpoint,
     InvalidInputError,
     ServedTask,
+    TeiRequest,
     Texts,
     V2Interface,
     V2Job,
@@ -60,8 +61,6 @@ EmbeddingTexts = Annotated[Texts, BeforeValidator(_no_token_ids)]  # this check 
 class EmbeddingsRequest(BaseModel):
     """OpenAI's /v1/embeddings request. Strict as OpenAI is; unknown fields are ignored, as OpenAI's are."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
-
     input: EmbeddingTexts = Field(
         ..., description="One text or a list of texts.", examples=[["A man plays the guitar."]]
     )
@@ -76,19 +75,11 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = Field(None, description="Accepted and ignored.")
 
 
-class EmbedRequest(BaseModel):
+class EmbedRequest(TeiRequest):
     """TEI's /embed request (`prompt_name` is not supported; `model` is distilserve's own)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     inputs: EmbeddingTexts = Field(..., description="One text or a list of texts.")
     normalize: bool = Field(True, description="L2-normalised vectors (false: as pooled, before that).")
-    truncate: bool | None = Field(
-        None,
-        description="Cut texts past the model's window; false: refuse them (413). Default: the server's "
-        "DISTILSERVE_TRUNCATION.",
-    )
-    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
     prompt_name: str | None = Field(None, description="Not supported: must be null.")
     model: str | None = Field(None, description="Model name; default: the first embedding model.")
 
