@@ -20,14 +20,11 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 from service.exchange import Exchange
 from service.tasks.common import (
     answering,
-    check_chars,
-    fit_window,
     label_order,
     passed,
     per_text_endpoint,
-    run_all,
+    run_texts,
     strings,
-    tokenizing,
     validated,
 )
 from service.tasks.contract import (
@@ -90,24 +87,9 @@ def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int, mo
 async def classify(
     model: ServedModel, texts: Sequence[str], top_k: int, metrics: Metrics, timeout_s: float, x: Exchange
 ) -> list[list[LabelScore]]:
-    outputs = await _outputs(model, texts, None, metrics, timeout_s, x)
+    outputs, _ = await run_texts(model, texts, None, metrics, timeout_s, x)
     labels = model.manifest.labels
     return [top_labels(o["probabilities"], labels, top_k, model.name) for o in outputs]
-
-
-async def _outputs(
-    model: ServedModel,
-    texts: Sequence[str],
-    truncate: bool | None,
-    metrics: Metrics,
-    timeout_s: float,
-    x: Exchange,
-) -> list[dict[str, np.ndarray]]:
-    check_chars(texts, x)
-    with tokenizing(metrics, model, x):
-        encoded = model.encoder.encode(texts)
-    fit_window(encoded, model.encoder.max_length, x, truncate)
-    return await run_all(model, encoded, timeout_s, x)
 
 
 # -- text-embeddings-inference's /predict -----------------------------------------------------------------
@@ -171,7 +153,7 @@ async def handle_predict(
     metrics, timeout_s = c.metrics, c.settings.request_timeout_s
 
     async def every_label(model: ServedModel, texts: Sequence[str], x: Exchange) -> list[list[Scored]]:
-        outputs = await _outputs(model, texts, body.truncate, metrics, timeout_s, x)
+        outputs, _ = await run_texts(model, texts, body.truncate, metrics, timeout_s, x)
         return [_scored(o, model) for o in outputs]
 
     rows = await c.pairs.answer(model, texts, every_label, body.cascade_threshold, x)

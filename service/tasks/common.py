@@ -105,6 +105,23 @@ def fit_window(encoded: Sequence[EncodedText], window: int, x: Exchange, truncat
     x.add_truncated(len(over))
 
 
+async def run_texts(
+    model: ServedModel,
+    texts: Sequence[str],
+    truncate: bool | None,
+    metrics: Metrics,
+    timeout_s: float,
+    x: Exchange,
+) -> tuple[list[dict[str, np.ndarray]], int]:
+    """Each text's graph outputs (checked, tokenized, fitted to the window by `fit_window`'s rule, batched by
+    the engine) and the tokens the texts took."""
+    check_chars(texts, x)
+    with tokenizing(metrics, model, x):
+        encoded = model.encoder.encode(texts)
+    fit_window(encoded, model.encoder.max_length, x, truncate)
+    return await run_all(model, encoded, timeout_s, x), sum(len(e) for e in encoded)
+
+
 @contextmanager
 def tokenizing(metrics: Metrics, model: ServedModel, x: Exchange) -> Iterator[None]:
     started = time.perf_counter()

@@ -24,7 +24,7 @@ from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
-from service.tasks.common import check_chars, fit_window, passed, run_all, tokenizing, validated
+from service.tasks.common import passed, run_texts, validated
 from service.tasks.contract import (
     Collaborators,
     Endpoint,
@@ -39,7 +39,6 @@ from service.tasks.contract import (
 
 if TYPE_CHECKING:
     from service.manifest import EmbeddingSpec
-    from service.metrics import Metrics
     from service.served import ServedModel
 
 NAME = "sentence-embeddings"
@@ -117,23 +116,6 @@ def embedding_spec(model: ServedModel) -> EmbeddingSpec:
     return spec
 
 
-async def embed(
-    model: ServedModel,
-    texts: Sequence[str],
-    truncate: bool | None,
-    metrics: Metrics,
-    timeout_s: float,
-    x: Exchange,
-) -> tuple[list[dict[str, np.ndarray]], int]:
-    """Each text's graph outputs, and the tokens the texts took (OpenAI's `usage`)."""
-    check_chars(texts, x)
-    with tokenizing(metrics, model, x):
-        encoded = model.encoder.encode(texts)
-    fit_window(encoded, model.encoder.max_length, x, truncate)
-    outputs = await run_all(model, encoded, timeout_s, x)
-    return outputs, sum(len(e) for e in encoded)
-
-
 def stacked(outputs: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray:
     return np.stack([o[name] for o in outputs]).astype(np.float32, copy=False)
 
@@ -179,7 +161,7 @@ async def handle_openai(body: EmbeddingsRequest, x: Exchange, c: Collaborators) 
     spec = embedding_spec(model)
     check_dimensions(body.dimensions, spec)
     texts = c.texts(body.input, x)
-    outputs, tokens = await embed(model, texts, None, c.metrics, c.settings.request_timeout_s, x)
+    outputs, tokens = await run_texts(model, texts, None, c.metrics, c.settings.request_timeout_s, x)
     vectors = shortened(stacked(outputs, spec.output), body.dimensions)
     data = [
         EmbeddingObject(
@@ -204,7 +186,7 @@ async def handle_tei(body: EmbedRequest, x: Exchange, c: Collaborators) -> list[
     model = c.resolve(NAME, body.model, None, x)
     spec = embedding_spec(model)
     texts = c.texts(body.inputs, x)
-    outputs, _ = await embed(model, texts, body.truncate, c.metrics, c.settings.request_timeout_s, x)
+    outputs, _ = await run_texts(model, texts, body.truncate, c.metrics, c.settings.request_timeout_s, x)
     if body.normalize:
         vectors = stacked(outputs, spec.output)
         return (vectors if spec.normalized else l2_normalized(vectors)).tolist()
@@ -218,7 +200,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     )
     spec = embedding_spec(job.model)
     check_dimensions(body.dimensions, spec)
-    outputs, _ = await embed(job.model, texts, None, job.c.metrics, job.timeout_s, job.x)
+    outputs, _ = await run_texts(job.model, texts, None, job.c.metrics, job.timeout_s, job.x)
     return {"EMBEDDING": shortened(stacked(outputs, spec.output), body.dimensions)}
 
 

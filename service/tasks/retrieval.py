@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from service.exchange import Exchange
+from service.tasks.common import run_texts
 from service.tasks.contract import Collaborators, InvalidInputError
 from service.tasks.embeddings import NAME as EMBEDDINGS
-from service.tasks.embeddings import embed, embedding_spec, stacked
+from service.tasks.embeddings import embedding_spec, stacked
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -110,7 +111,7 @@ async def retrieve(
         else:
             missing[key] = text
     cache.count(model, hits, len(missing))
-    outputs, _ = await embed(
+    outputs, _ = await run_texts(
         model, [question, *missing.values()], True, c.metrics, c.settings.request_timeout_s, x
     )
     rows = stacked(outputs, embedding_spec(model).output)
