@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
@@ -256,11 +257,34 @@ def train(
         raise ValueError("early_stop_patience needs an evaluate callback")
     if cfg.mixed_precision == "fp16" and PartialState(cpu=cfg.cpu).device.type == "cpu":
         raise ValueError("fp16 needs a GPU (on CPU Accelerate would silently train in fp32); use bf16")
+    with flushing_denormals():
+        return _train(model, loader, step, cfg, teacher, evaluate, description)
+
+
+@contextmanager
+def flushing_denormals() -> Iterator[None]:
+    """AdamW moments of rarely-seen embedding rows decay into denormal floats, which x86 CPUs process up to
+    ~10x slower; flushing them to zero changes nothing that matters and keeps CPU steps steady. The flag is
+    the whole process's (the CPU's control register): off again afterwards, as it was, for code that relies
+    on IEEE subnormals (hypothesis refuses to generate floats without them)."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _train(
+    model: nn.Module,
+    loader: DataLoader,
+    step: StepFn,
+    cfg: TrainConfig,
+    teacher: nn.Module | None,
+    evaluate: EvalFn | None,
+    description: str,
+) -> History:
     resume_from = checkpoint_to_resume(cfg)
     set_seed(cfg.seed)
-    # AdamW moments of rarely-seen embedding rows decay into denormal floats, which x86 CPUs process up
-    # to ~10x slower; flushing them to zero changes nothing that matters and keeps CPU steps steady.
-    torch.set_flush_denormal(True)
     accelerator = Accelerator(
         mixed_precision=cfg.mixed_precision,
         gradient_accumulation_steps=cfg.grad_accum_steps,

@@ -299,3 +299,14 @@ def test_a_run_whose_output_is_not_a_terminal_prints_plain_progress_lines(
     assert re.fullmatch(
         r"test: epoch 2/2 done, 16/16 steps \(100%\), .*, loss [\d.]+, speed \d+ ex/s", lines[-1]
     )
+
+
+def test_training_flushes_denormals_and_leaves_the_process_as_it_found_it(tmp_path: Path) -> None:
+    tiny = torch.tensor([1e-40])  # a float32 subnormal
+
+    def step(model: nn.Module, batch: Batch, teacher: nn.Module | None) -> LossTerms:
+        assert (tiny * 1.0).item() == 0.0  # flushed while training (denormal steps are ~10x slower)
+        return _step(model, batch, teacher)
+
+    _run(_cfg(epochs=1), step)
+    assert (tiny * 1.0).item() != 0.0  # off again: hypothesis, among others, needs IEEE subnormals

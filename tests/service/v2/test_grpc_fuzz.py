@@ -46,7 +46,7 @@ def _parameter() -> st.SearchStrategy[Any]:
         st.builds(lambda v: service_pb2.InferParameter(bool_param=v), st.booleans()),
         st.builds(lambda v: service_pb2.InferParameter(int64_param=v), st.integers(-(2**63), 2**63 - 1)),
         st.builds(lambda v: service_pb2.InferParameter(uint64_param=v), st.integers(0, 2**64 - 1)),
-        st.builds(lambda v: service_pb2.InferParameter(double_param=v), st.floats()),
+        st.builds(lambda v: service_pb2.InferParameter(double_param=v), st.floats(allow_subnormal=False)),
         st.builds(lambda v: service_pb2.InferParameter(string_param=v), st.text(max_size=8)),
     )
 
@@ -66,7 +66,8 @@ CONTENTS = st.one_of(
         st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
     ),
     st.builds(
-        lambda v: service_pb2.InferTensorContents(fp32_contents=v), st.lists(st.floats(width=32), max_size=4)
+        lambda v: service_pb2.InferTensorContents(fp32_contents=v),
+        st.lists(st.floats(width=32, allow_subnormal=False), max_size=4),
     ),
     st.builds(
         lambda v: service_pb2.InferTensorContents(bool_contents=v), st.lists(st.booleans(), max_size=4)
