@@ -74,3 +74,14 @@ def calibrate(confidence: Scores, agrees: Flags, target: float) -> Calibration:
     meeting = np.flatnonzero(wrong_at <= allowed)
     threshold = float(values[meeting[0]]) if meeting.size else float(np.nextafter(values[-1], np.inf))
     return at_threshold(c, a, threshold)
+
+
+def paying_limit(confidence: Scores, agrees: Flags, student_cost: float) -> Calibration | None:
+    """The highest threshold at which the cascade still costs less than the teacher alone (each input the
+    student's pass, `student_cost` of the teacher's, and the ones sent on the teacher's too): the most
+    agreement a cascade that pays reaches on these inputs. None when even sending nothing costs too much."""
+    c, a = _arrays(confidence, agrees)
+    if student_cost >= 1.0:
+        return None
+    paying = [t for t in (0.0, *np.unique(c)) if float((c < t).mean()) < 1.0 - student_cost]
+    return at_threshold(c, a, max(paying))

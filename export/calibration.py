@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from common.cascade import calibrate
+from common.cascade import Calibration, calibrate, paying_limit
 from common.spans import NOT_CONTEXT, span_probabilities, top_spans
 from export.tasks import SPECS, eval_texts, first_mask_positions
-from service.manifest import CascadeCalibration
+from service.manifest import CascadeCalibration, PayingLimit
 
 CASCADE_TASKS = ("text-classification", "question-answering", "fill-mask")
 CALIBRATION_EXAMPLES = 2000
@@ -133,6 +133,12 @@ _ANSWERS: dict[str, Callable[[Any, Any, Sequence[Any], int], Answers]] = {
 }
 
 
+def _paying_limit(found: Calibration) -> PayingLimit:
+    return PayingLimit(
+        threshold=found.threshold, agreement=found.agreement, fallback_rate=found.fallback_rate
+    )
+
+
 def calibrate_pair(
     student: tuple[Any, Any],
     teacher: tuple[Any, Any],
@@ -143,8 +149,9 @@ def calibrate_pair(
     limit: int = CALIBRATION_EXAMPLES,
     progress: Callable[[str], None] = lambda message: None,
 ) -> CascadeCalibration:
-    """The pair's threshold for `target` agreement, from both models' answers to the eval inputs, and what
-    the student costs beside the teacher (their times over the same inputs, batched alike)."""
+    """The pair's threshold for `target` agreement, from both models' answers to the eval inputs; what the
+    student costs beside the teacher (their times over the same inputs, batched alike), and so the most
+    agreement a cascade cheaper than the teacher reaches (`paying_limit`)."""
     inputs = calibration_inputs(task, eval_data, limit)
     if not inputs:
         raise ValueError(f"{eval_data} holds no input to calibrate the cascade on")
@@ -154,6 +161,8 @@ def calibrate_pair(
     theirs = answers(*teacher, task, inputs, max_length)
     agrees = [a == b for a, b in zip(mine.best, theirs.best, strict=True)]
     found = calibrate(mine.confidence, agrees, target)
+    cost = mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None
+    paying = None if cost is None else paying_limit(mine.confidence, agrees, cost)
     return CascadeCalibration(
         threshold=found.threshold,
         target_agreement=target,
@@ -162,5 +171,6 @@ def calibrate_pair(
         student_agreement=found.student_agreement,
         eval_examples=found.examples,
         eval_source=str(eval_data),
-        student_cost=mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None,
+        student_cost=cost,
+        paying_limit=None if paying is None else _paying_limit(paying),
     )

@@ -157,6 +157,12 @@ def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
     )
     if c.student_cost is not None:
         console.print(f"the student costs {c.student_cost:.2f} of the teacher's time (PyTorch, this machine)")
+    if c.paying_limit is not None:
+        p = c.paying_limit
+        console.print(
+            f"the cascade costs less than the teacher alone up to {p.agreement:.2%} agreement (threshold "
+            f"{p.threshold:.4f}, {p.fallback_rate:.1%} sent)"
+        )
     if c.costs_more_than_teacher:
         print_warning(
             "at this threshold the cascade costs more than the teacher alone: the service answers with the "

@@ -178,6 +178,15 @@ class TeacherRef(_Strict):
     version: int = Field(gt=0)
 
 
+class PayingLimit(_Strict):
+    """The highest threshold at which the cascade still costs less than the teacher alone, on the
+    calibration inputs (common.cascade.paying_limit): the most agreement a cascade that pays reaches."""
+
+    threshold: float = Field(ge=0.0)
+    agreement: float = Field(ge=0.0, le=1.0)
+    fallback_rate: float = Field(ge=0.0, le=1.0)
+
+
 class CascadeCalibration(_Strict):
     """How the student hands inputs to its teacher (common.cascade): an input whose confidence (the score of
     the student's best answer) is below `threshold` is answered by the teacher. Measured at export on
@@ -196,6 +205,7 @@ class CascadeCalibration(_Strict):
     eval_examples: int = Field(gt=0)
     eval_source: str | None = None
     student_cost: float | None = Field(None, gt=0.0)
+    paying_limit: PayingLimit | None = None  # None: not timed, or a student as dear as its teacher
 
     @property
     def costs_more_than_teacher(self) -> bool:

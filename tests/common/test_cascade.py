@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from common.cascade import at_threshold, calibrate
+from common.cascade import at_threshold, calibrate, paying_limit
 
 # Ten inputs by confidence; the student disagrees with the teacher at 0.55, 0.62 and 0.81.
 CONFIDENCE = [0.50, 0.55, 0.60, 0.62, 0.70, 0.75, 0.81, 0.90, 0.95, 0.99]
@@ -62,3 +62,23 @@ def test_bad_calibration_inputs_are_refused() -> None:
         calibrate([0.5, 0.6], [True], 0.9)
     with pytest.raises(ValueError, match="at least one"):
         calibrate([], [], 0.9)
+
+
+@pytest.mark.parametrize(
+    ("cost", "threshold", "fallback", "agreement"),
+    [
+        (0.5, 0.70, 0.4, 0.9),  # below 50 % sent: 0.70 sends 4 of 10, 0.75 would send 5
+        (0.65, 0.62, 0.3, 0.8),  # below 35 %: 0.62 sends 3 of 10, 0.70 would send 4
+        (0.95, 0.50, 0.0, 0.7),  # below 5 %: nothing sent (0.50, the lowest confidence, sends none)
+    ],
+)
+def test_the_paying_limit_is_the_highest_threshold_cheaper_than_the_teacher(
+    cost: float, threshold: float, fallback: float, agreement: float
+) -> None:
+    found = paying_limit(CONFIDENCE, AGREES, cost)
+    assert found is not None
+    assert (found.threshold, found.fallback_rate, found.agreement) == pytest.approx(
+        (threshold, fallback, agreement)
+    )
+    assert found.fallback_rate + cost < 1.0
+    assert paying_limit(CONFIDENCE, AGREES, 1.0) is None  # a student as dear as its teacher never pays

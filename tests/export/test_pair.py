@@ -34,6 +34,9 @@ def test_the_students_manifest_names_its_teacher_and_a_threshold_meeting_the_tar
         assert c.agreement >= c.target_agreement == 0.99
         assert c.fallback_rate > 0 and c.eval_examples > 0  # two seeds' untrained models disagree
         assert c.student_cost is not None and c.student_cost > 0  # timed: its size is the benchmarks' to say
+        if c.paying_limit is not None:  # the most agreement a cascade cheaper than the teacher reaches
+            assert c.paying_limit.fallback_rate + c.student_cost < 1
+            assert c.paying_limit.agreement >= c.student_agreement
 
 
 def test_calibration_reads_both_models_answers_as_the_service_scores_them(tmp_path: Path) -> None:
