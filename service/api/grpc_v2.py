@@ -160,9 +160,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await asyncio.wait(set(running))
 
         reader = asyncio.create_task(read())
-        reader.add_done_callback(
-            lambda _: out.put_nowait(None)
-        )  # ended, failed or cancelled: so is the stream
+        # the requests ended, or reading them failed or was cancelled: so is the stream
+        reader.add_done_callback(lambda _: out.put_nowait(None))
         try:
             while (response := await out.get()) is not None:
                 yield response
