@@ -89,8 +89,8 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 }
 
 
-def read_request(raw: bytes) -> tuple[dict[str, Any], str, dict[str, Any], str | None]:
-    """The body as (the whole request object, its text_input, its parameters, its id), or a 400 saying why."""
+def read_request(raw: bytes) -> tuple[str, dict[str, Any], str | None]:
+    """The body as (its text_input, its parameters, its id), or a 400 saying why."""
     try:
         body = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -110,7 +110,7 @@ def read_request(raw: bytes) -> tuple[dict[str, Any], str, dict[str, Any], str |
     both = sorted(set(extra) & set(parameters))
     if both:
         raise TensorError(f"given both at the top level and in parameters: {', '.join(both)}")
-    return body, text, {**extra, **parameters}, request_id
+    return text, {**extra, **parameters}, request_id
 
 
 def generate_request(text: str, parameters: dict[str, Any]) -> tuple[GenerateRequest, bool]:
@@ -143,7 +143,7 @@ async def generate(
     model = find_model(c.registry, name, version)
     x = exchange_of(request.scope)
     x.serve(model.name, model.manifest.task, model.stats)
-    _, text, parameters, request_id = read_request(await request.body())
+    text, parameters, request_id = read_request(await request.body())
     body, echo = generate_request(text, parameters)
     prepared = prepare(
         model, body.prompt, body.sampling(body.max_new_tokens), body.truncate_prompt, c.metrics, x
