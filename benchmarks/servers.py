@@ -1,4 +1,8 @@
-"""The servers a benchmark starts: the service (or a server taking its flags), the naive baseline."""
+"""The servers a benchmark starts: the service (or a server taking its flags), the naive baseline.
+
+BENCH_SERVER_CPUS (a `taskset -c` list, e.g. `0`) pins the service and all its processes to those cores; run
+the benchmark itself under `taskset -c` on the others, and the load generator no longer takes the server's
+CPU (on a 2-core machine: one core each)."""
 
 from __future__ import annotations
 
@@ -82,6 +86,8 @@ def serve(
         "--model-repository",
         str(repository.resolve()),
     ]
+    if os.environ.get("BENCH_SERVER_CPUS"):
+        command = ["taskset", "-c", os.environ["BENCH_SERVER_CPUS"], *command]
     with running(
         command,
         lambda process: wait_ready(f"{base}{ready}", process),
