@@ -2,10 +2,10 @@
 sends, the answer is never a 5xx, and every answer is what the schema documents.
 
 The schema is served by a real `python -m service` over one model per task, the encoder pairs (their cascade
-and shadow paths) and a sentence encoder, with each `model` field and `{name}` path parameter narrowed to the
-served names (and one that is not served), so the generated requests reach the tasks' own checks instead of
-stopping at "not served". Loading and unloading
-models is left out: it would change what the rest of the run finds served.
+and shadow paths), a sentence encoder and a Llama with a chat template, with each `model` field and `{name}`
+path parameter narrowed to the served names (and one that is not served), so the generated requests reach
+the tasks' own checks instead of stopping at "not served". Loading and unloading models is left out: it
+would change what the rest of the run finds served.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from tests.conftest import PAIR_NAMES, TASK_MODEL_NAMES
 from tests.service.live_server import LiveServer, live_server
 
 EMBEDDER = "embed"
+CHAT = "chat"  # a Llama with a chat template: /v1/chat/completions renders the messages with it
 PAIRS = [name for student in PAIR_NAMES.values() for name in (student, f"{student}-teacher")]
 # every served name, and one that is not: requests name them, answers say which of them answered
-NAMES = [*TASK_MODEL_NAMES.values(), *PAIRS, EMBEDDER, "not-served"]
+NAMES = [*TASK_MODEL_NAMES.values(), *PAIRS, EMBEDDER, CHAT, "not-served"]
 LEFT_OUT = ("/load", "/unload")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))  # per operation; a longer hunt: FUZZ_EXAMPLES=1000
 # what every answer must be; not "schema-valid data is accepted": a task checks more than a schema can say
@@ -42,7 +43,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 @pytest.fixture(scope="module")
 def served(
-    tiny_repository: Path, pair_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_repository: Path,
+    pair_repository: Path,
+    tiny_llama_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LiveServer]:
     import shutil
 
