@@ -180,10 +180,17 @@ def cost_line(calibration: dict[str, Any]) -> str:
     sent = calibration["fallback_rate"]
     total = cost + sent
     direct = ": more than the teacher alone, so the service skips the student there" if total >= 1 else ""
-    return (
+    line = (
         f"The export timed the student at {cost:.2f} of the teacher; the calibrated cascade costs "
         f"{cost:.2f} + {100 * sent:.1f} % sent = {total:.2f} teacher passes an input{direct}."
     )
+    paying = calibration.get("paying_limit")
+    if paying is not None:
+        line += (
+            f" A cascade cheaper than the teacher reaches at most {100 * paying['agreement']:.2f} % agreement "
+            f"(threshold {paying['threshold']:.4f}, {100 * paying['fallback_rate']:.1f} % sent)."
+        )
+    return line
 
 
 def report(
