@@ -187,8 +187,8 @@ def cost_line(calibration: dict[str, Any]) -> str:
     paying = calibration.get("paying_limit")
     if paying is not None:
         line += (
-            f" A cascade cheaper than the teacher reaches at most {100 * paying['agreement']:.2f} % agreement "
-            f"(threshold {paying['threshold']:.4f}, {100 * paying['fallback_rate']:.1f} % sent)."
+            f" A cascade cheaper than the teacher reaches at most {100 * paying['agreement']:.2f} % "
+            f"agreement (threshold {paying['threshold']:.4f}, {100 * paying['fallback_rate']:.1f} % sent)."
         )
     return line
 
