@@ -27,6 +27,18 @@ class EncodedText:
         return int(self.input_ids.shape[0])
 
 
+@dataclass(frozen=True)
+class Token:
+    """One token of a text as TEI's /tokenize shows it: where it stands in the text (characters), or, for a
+    special token, nowhere."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
 class TextStream:
     """The text a growing sequence of generated tokens spells, handed out piece by piece.
 
@@ -116,6 +128,18 @@ class TextEncoder:
             self._whole.no_padding()
             self._whole.no_truncation()
         return self._whole
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[Token]:
+        """Every token of `text` (no truncation), each with its piece of the text."""
+        e = self._untruncated().encode(text, add_special_tokens=add_special_tokens)
+        return [
+            Token(token_id, piece, True, None, None)
+            if special
+            else Token(token_id, text[start:stop], False, start, stop)
+            for token_id, piece, (start, stop), special in zip(
+                e.ids, e.tokens, e.offsets, e.special_tokens_mask, strict=True
+            )
+        ]
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)

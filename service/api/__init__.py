@@ -2,7 +2,7 @@
 
 from fastapi import FastAPI
 
-from service.api import health, models, v2, v2_extensions, v2_generate
+from service.api import health, models, tokenize, v2, v2_extensions, v2_generate
 from service.api.task_route import task_routes
 
 
@@ -22,6 +22,7 @@ def add_routes(app: FastAPI) -> None:
         v2_extensions.router,
         v2.router,
         models.router,
+        tokenize.router,
         health.router,
     )
     for router in routers:

@@ -1,5 +1,5 @@
 """Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2 and TEI's
-paths (/embed, /predict).
+paths (/embed, /predict, /tokenize).
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither

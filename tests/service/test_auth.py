@@ -40,7 +40,13 @@ def metrics_protected(tiny_repository: Path) -> Iterator[TestClient]:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/models"), ("POST", "/v1/classify"), ("GET", "/v2/models/tiny-cls"), ("POST", "/predict")],
+    [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/classify"),
+        ("GET", "/v2/models/tiny-cls"),
+        ("POST", "/predict"),
+        ("POST", "/tokenize"),
+    ],
 )
 def test_no_key_is_401_with_a_bearer_challenge(client: TestClient, method: str, path: str) -> None:
     r = client.request(method, path, json={"inputs": "a fine film"})
