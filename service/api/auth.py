@@ -1,5 +1,5 @@
 """Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2 and TEI's
-paths (/embed, /predict, /tokenize).
+paths (/embed, /predict, /tokenize, /info).
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither
@@ -89,7 +89,7 @@ class ApiKeyMiddleware:
     def protects(self, path: str) -> bool:
         if path.startswith("/v2/health/"):  # liveness/readiness probes (Kubernetes) carry no key
             return False
-        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", *TEI_PATHS):
+        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", "/info", *TEI_PATHS):
             return True
         return self._protect_metrics and (path == "/metrics" or path.startswith("/metrics/"))
 

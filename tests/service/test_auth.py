@@ -46,6 +46,7 @@ def metrics_protected(tiny_repository: Path) -> Iterator[TestClient]:
         ("GET", "/v2/models/tiny-cls"),
         ("POST", "/predict"),
         ("POST", "/tokenize"),
+        ("GET", "/info"),
     ],
 )
 def test_no_key_is_401_with_a_bearer_challenge(client: TestClient, method: str, path: str) -> None:

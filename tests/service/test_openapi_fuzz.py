@@ -68,15 +68,15 @@ def served(
 
 
 def aimed_at_served_models(raw: dict[str, Any]) -> dict[str, Any]:
-    """The schema with every `model` property (requests' and answers') and `name` path parameter drawn
-    from NAMES."""
+    """The schema with every `model` property (requests' and answers'), `model` query parameter and `name`
+    path parameter drawn from NAMES."""
 
     def visit(node: Any) -> None:
         if isinstance(node, dict):
             properties = node.get("properties")
             if isinstance(properties, dict) and "model" in properties:
                 properties["model"] = {"enum": NAMES}
-            if node.get("in") == "path" and node.get("name") == "name":
+            if (node.get("in"), node.get("name")) in (("path", "name"), ("query", "model")):
                 node["schema"] = {"enum": NAMES}
             for value in node.values():
                 visit(value)

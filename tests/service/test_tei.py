@@ -1,6 +1,6 @@
-"""TEI's /tokenize over the tiny repository: each token's id is the model's own, its text the piece of the
-input it came from, special tokens marked and placed nowhere; which model, when several are served, is
-named, and a mistake is a clear 4xx."""
+"""TEI's /tokenize and /info over the tiny repository: each token's id is the model's own, its text the piece
+of the input it came from, special tokens marked and placed nowhere; /info a classifier's labels and the
+server's limits; which model, when several are served, is named, and a mistake is a clear 4xx."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from service.settings import Settings
 from tests.conftest import TASK_MODEL_NAMES
 
 CLS, LM = TASK_MODEL_NAMES["text-classification"], TASK_MODEL_NAMES["text-generation"]
+QA = TASK_MODEL_NAMES["question-answering"]
 TEXT = "Acme was founded by John Smith in 1950."
 
 
@@ -67,3 +68,36 @@ def test_special_tokens_can_be_left_out_and_a_list_gets_a_list_each(client: Test
 )
 def test_mistakes_are_clear_4xx(client: TestClient, body: dict[str, Any], status: int, message: str) -> None:
     assert message in tokenize(client, status, **body)["error"]
+
+
+def test_info_gives_a_classifiers_labels_and_the_servers_limits(
+    client: TestClient, tiny_repository: Path
+) -> None:
+    r = client.get("/info", params={"model": CLS})
+    assert r.status_code == 200, r.text
+    info = r.json()
+    card = next(m for m in client.get("/v1/models").json()["models"] if m["name"] == CLS)
+    assert info["model_id"] == CLS and info["max_input_length"] == card["max_sequence_length"]
+    labels = {str(i): label for i, label in enumerate(card["labels"])}
+    assert info["model_type"] == {"classifier": {"id2label": labels}}
+    settings = Settings(model_repository=tiny_repository)
+    assert (info["max_client_batch_size"], info["max_batch_tokens"]) == (
+        settings.max_client_batch,
+        settings.max_batch_tokens,
+    )
+    assert info["model_dtype"] == "float32" and info["auto_truncate"] is (settings.truncation == "truncate")
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "message"),
+    [
+        ({}, 422, "models are served"),
+        ({"model": QA}, 422, "serves question-answering"),
+        ({"model": "nope"}, 404, "'nope' is not served"),
+    ],
+)
+def test_info_mistakes_are_clear_4xx(
+    client: TestClient, params: dict[str, str], status: int, message: str
+) -> None:
+    r = client.get("/info", params=params)
+    assert r.status_code == status and message in r.json()["error"], r.text
