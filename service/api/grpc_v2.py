@@ -19,7 +19,7 @@ share HTTP's. An RPC is read into /v2's envelope and runs /v2's code (`v2.v2_job
   Load and unload as over HTTP (service.model_control); shared memory, trace and log settings answer
   UNIMPLEMENTED.
 - streaming (ModelStreamInfer, Triton's decoupled models): each request on the stream as ModelInfer, a
-  generation prompt answered in pieces as its tokens come.
+  generation prompt answered in pieces as its tokens come (service.api.grpc_stream).
 
 ModelInfer counts in the request metrics and model statistics under /v2's HTTP status, and drains with
 HTTP's requests (SIGTERM: new ones get UNAVAILABLE, admitted ones finish); every RPC writes an access line
@@ -33,7 +33,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -54,7 +53,8 @@ from service.api.access import (
 from service.api.auth import bearer_of, digests, refusal
 from service.api.drain import DrainGate
 from service.api.errors import ShuttingDownError
-from service.api.grpc_v2_wire import STATUS_CODES, Code, grpc_status, infer_response, read_request
+from service.api.grpc_stream import stream_infer
+from service.api.grpc_v2_wire import STATUS_CODES, Code, Failure, grpc_status, infer_response, read_request
 from service.api.v2 import (
     EXTENSIONS,
     as_classifications,
@@ -83,16 +83,6 @@ STOP_GRACE_S = 5.0  # admitted calls were already waited for by the drain (they 
 
 
 # -- the service ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a request failed, as gRPC says it: /v2's status, its code, trailing metadata and message."""
-
-    status: int
-    code: Any
-    metadata: tuple[tuple[str, str], ...]
-    message: str
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -141,62 +131,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
-        """Decoupled inference (tritonclient.grpc's `start_stream` and `async_stream_infer`): every request
-        on the stream runs as ModelInfer does, beside the others, and answers in one or more responses: a
-        generation prompt in the pieces its tokens come in (the task's `V2Interface.stream`), anything else
-        whole. A failed request is a response with its `error_message`; the stream goes on. With the request
-        parameter `triton_enable_empty_final_response`, each response says `triton_final_response` false and
-        an empty one saying true ends the request (Triton's decoupled convention). A client that closes the
-        stream cancels what it still runs."""
-        out: asyncio.Queue[Any] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
-
-        async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.create_task(self._stream_one(request, context, out.put_nowait))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.wait(set(running))
-
-        reader = asyncio.create_task(read())
-        # the requests ended, or reading them failed or was cancelled: so is the stream
-        reader.add_done_callback(lambda _: out.put_nowait(None))
-        try:
-            while (response := await out.get()) is not None:
-                yield response
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
-
-    async def _stream_one(self, request: Any, context: Any, emit: Callable[[Any], None]) -> None:
-        flagged = _bool_parameter(request, "triton_enable_empty_final_response")
-
-        async def run(x: Exchange) -> None:
-            c = loaded(self.state)
-            model = find_model(c.registry, request.model_name, request.model_version or None)
-            x.serve(model.name, model.manifest.task, model.stats)
-            parsed, binary = read_request(request)
-            job, choices = v2_job(c, model, parsed, binary, x, context.time_remaining())
-            interface = TASKS[model.manifest.task].v2
-            pieces = interface.stream(job) if interface.stream is not None else _whole(interface.run(job))
-            async for tensors in pieces:
-                response = infer_response(
-                    request.id, model, as_classifications(tensors, choices, model), choices
-                )
-                if flagged:
-                    response.parameters["triton_final_response"].bool_param = False
-                emit(service_pb2.ModelStreamInferResponse(infer_response=response))
-
-        _, outcome = await self._serve("ModelStreamInfer", context, run, work=True)
-        if isinstance(outcome, Failure):  # tritonclient reads the message; the response names the request
-            named = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name)
-            emit(service_pb2.ModelStreamInferResponse(error_message=outcome.message, infer_response=named))
-        if flagged:
-            final = service_pb2.ModelInferResponse(id=request.id, model_name=request.model_name)
-            final.parameters["triton_final_response"].bool_param = True
-            emit(service_pb2.ModelStreamInferResponse(infer_response=final))
+        async for response in stream_infer(self.state, self._serve, request_iterator, context):
+            yield response
 
     # -- Triton's extensions
 
@@ -418,14 +354,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 async def _reply(message: T) -> T:
     return message
-
-
-async def _whole(answer: Awaitable[T]) -> AsyncIterator[T]:
-    yield await answer
-
-
-def _bool_parameter(request: Any, name: str) -> bool:
-    return name in request.parameters and request.parameters[name].bool_param
 
 
 async def _live() -> Any:

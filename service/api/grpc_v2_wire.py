@@ -10,6 +10,7 @@ back in `raw_output_contents`, as Triton sends them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -41,6 +42,16 @@ STATUS_CODES: dict[int, Any] = {
 }
 _FORWARDED = ("retry-after", "www-authenticate")  # /v2's headers that mean something to a gRPC client
 _HTTP_ONLY = ("binary_data_size", "binary_data")  # tensor parameters of HTTP's binary extension
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a request failed, as gRPC says it: /v2's status, its code, trailing metadata and message."""
+
+    status: int
+    code: Any
+    metadata: tuple[tuple[str, str], ...]
+    message: str
 
 
 def grpc_status(exc: Exception) -> tuple[int, Any, tuple[tuple[str, str], ...]] | None:
