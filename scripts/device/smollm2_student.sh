@@ -13,7 +13,8 @@
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
 # first continues that many openings of train's lines, `lm-generate`, and the cache covers train and that
 # text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
-# GEN_BATCH (256), PY (python3).
+# GEN_BATCH (256), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
+# (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
 if [[ $# -ne 4 ]]; then  # --help, or arguments missing: the comment above
@@ -38,7 +39,7 @@ train=$DATA/wikitext2_raw_train.txt
 if [[ -n ${GEN_PROMPTS:-} ]]; then
   $PY -m training lm-generate --teacher "$WORK/teacher" --train "$train" --out "$WORK/generated.txt" \
     --prompts "$GEN_PROMPTS" --prompt-tokens "${GEN_PROMPT_TOKENS:-32}" --new-tokens "${GEN_NEW_TOKENS:-224}" \
-    --batch-size "${GEN_BATCH:-256}" --bf16
+    --batch-size "${GEN_BATCH:-256}" --bf16 ${GEN_S:+--time-limit "$($PY -c "print(${GEN_S} / 60)")"}
   stamp "generated $(wc -l < "$WORK/generated.txt") lines"
   cat "$train" "$WORK/generated.txt" > "$WORK/train-plus-generated.txt"
   train=$WORK/train-plus-generated.txt
@@ -58,10 +59,14 @@ if [[ -n ${STEPS:-} ]]; then
   steps=$STEPS
   stamp "each recipe trains $steps steps of $BATCH blocks" \
     "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
-else  # probe: how many steps one run makes in 30 s of training
-  rm -rf "$WORK/probe"
-  distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
-  read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
+else
+  if [[ -n ${STEPS_PER_S:-} ]]; then  # a rate measured before: no probe
+    probe_steps=$STEPS_PER_S probe_s=1
+  else  # probe: how many steps one run makes in 30 s of training
+    rm -rf "$WORK/probe"
+    distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
+    read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
+  fi
   runs=$(wc -w <<< "$RECIPES")
   steps=$($PY -c "
 import sys; p_steps, p_s, budget, runs, blocks, batch, epochs = map(float, sys.argv[1:])

@@ -37,12 +37,14 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "PY": sys.executable,
         "LAYERS": "1",
         "BATCH": "2",
-        "STEPS": "2",
+        "STEPS_PER_S": "0.0365",  # a rate known before: no probe; 2 steps = rate x TRAIN_S x 0.55 (two runs)
+        "TRAIN_S": "100",
         "LR": "1e-2",  # two steps apart from the same start: far enough to tell the recipes apart
         "GEN_PROMPTS": "6",
         "GEN_BATCH": "3",
         "GEN_PROMPT_TOKENS": "4",
         "GEN_NEW_TOKENS": "24",
+        "GEN_S": "600",
         "RECIPES": "kd:1:0 mixed:1:1",
         "OMP_NUM_THREADS": "1",
     }
