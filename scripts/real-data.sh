@@ -35,9 +35,11 @@
 # resumable; empty: no limit), LM_EVAL_BLOCKS (first valid blocks scored, 32), LM_GENERATE (the teacher
 # first writes this many continuations of train's lines, `lm-generate`, and the student learns from train and
 # them: build/real/smollm2/{cache,student}-plus-generated; empty: train alone). The student keeps the
-# teacher's embeddings (--freeze-embeddings). The figure in docs/benchmarks.md (perplexity 1.26x the
-# teacher's) is this recipe on all of train for 10 passes: on one GPU, `MP=bf16 LM_BLOCKS=9720 LM_BATCH=32
-# LM_STEPS=3037`, ~4 min (scripts/device/smollm2_student.sh ran it); ~36 h on the 2-core CPU.
+# teacher's embeddings (--freeze-embeddings). LM_GENERATE_BATCH: continuations per generate call (8; a GPU
+# takes 256). The figure in docs/benchmarks.md (perplexity 1.23x the teacher's on all of WikiText-2 valid) is
+# this recipe on train and 4,352 of the teacher's continuations for 9.2 passes: on one GPU, `MP=bf16
+# LM_GENERATE=4352 LM_GENERATE_BATCH=256 LM_BLOCKS=13880 LM_BATCH=32 LM_STEPS=3975`, ~7 min
+# (scripts/device/smollm2_student.sh ran it); days on the 2-core CPU. Train alone, 10 passes: 1.30x.
 # SQuAD recipe knobs (issue 27 point 5): SQUAD_GENERAL (steps of general distillation on WikiText-2 train
 # before the QA stage, batches of 32 128-token blocks, at most two passes; default 1120: two passes; 0:
 # none), SQUAD_AUGMENT (each train question also asked of this many other paragraphs of its article, answered by the teacher; default 2; 0: none).
@@ -70,6 +72,7 @@ LM_BLOCKS=${LM_BLOCKS:-400}
 LM_STEPS=${LM_STEPS:-120}
 LM_BATCH=${LM_BATCH:-4}
 LM_ALPHA_HARD=${LM_ALPHA_HARD:-1}  # 1: perplexity 1.30x the teacher's on a GPU run, 0.5: 1.41x, 0 (KD alone): 2.12x
+LM_GENERATE_BATCH=${LM_GENERATE_BATCH:-8}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 LM_GENERATE=${LM_GENERATE:-}
@@ -188,7 +191,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   [[ $MP == bf16 ]] && bf16=--bf16
   if [[ -n $LM_GENERATE ]]; then  # the teacher's continuations beside train: their own cache and student
     timed smollm2-generate $PY -m training lm-generate --teacher "$d/teacher" --train "$train" \
-      --out "$d/generated.txt" --prompts "$LM_GENERATE" --batch-size 8 $(lm_limit)
+      --out "$d/generated.txt" --prompts "$LM_GENERATE" --batch-size "$LM_GENERATE_BATCH" $bf16 $(lm_limit)
     local written
     written=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts_done'])" "$d/generated.txt.progress.json")
     if (( written < LM_GENERATE )); then  # the cache's blocks are fixed when it is created: wait for all
