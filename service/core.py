@@ -278,13 +278,15 @@ class EngineCore:
 
     def _deliver(self, produced: list[Produced]) -> None:
         """One step's tokens, one message per frontend."""
-        by_peer: dict[ipc.Channel, list[tuple[int, int, int, str]]] = {}
-        for seq, token, index, finish in produced:
+        by_peer: dict[ipc.Channel, list[ipc.TokenItem]] = {}
+        for seq, token, index, finish, logprob in produced:
             entry = self._streams.get(seq.id)
             if entry is None:
                 continue
             stream = entry[0]
-            by_peer.setdefault(stream.peer, []).append((stream.request_id, token, index, finish or ""))
+            by_peer.setdefault(stream.peer, []).append(
+                (stream.request_id, token, index, finish or "", logprob)
+            )
             if finish is not None:
                 self._forget(seq)
         for peer, items in by_peer.items():

@@ -29,7 +29,7 @@ from typing import cast
 import msgspec
 import numpy as np
 
-from service.generation.sampling import SamplingParams
+from service.generation.sampling import Logprob, SamplingParams
 from service.tokenization import EncodedText
 from service.turn_writes import TurnWriteTransport
 
@@ -164,10 +164,14 @@ class Encoded(msgspec.Struct, tag=True, array_like=True):
     spans: list[str] = []  # per sequence, a traced `Encode`'s only: its engine call's span (service.tracing)
 
 
-class Tokens(msgspec.Struct, tag=True, array_like=True):
-    """One step's new tokens of a frontend's streams: (request id, token, its index, finish reason or "")."""
+# request id, token, its index, finish reason or "", its log-probabilities (where the request asked)
+TokenItem = tuple[int, int, int, str, Logprob | None]
 
-    items: list[tuple[int, int, int, str]]
+
+class Tokens(msgspec.Struct, tag=True, array_like=True):
+    """One step's new tokens of a frontend's streams."""
+
+    items: list[TokenItem]
 
 
 class Failed(msgspec.Struct, tag=True, array_like=True):

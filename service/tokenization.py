@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
-from tokenizers.decoders import DecodeStream
+from tokenizers.decoders import ByteLevel, DecodeStream
 
 from service.manifest import TokenizerSpec
 
@@ -150,6 +152,21 @@ class TextEncoder:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (what OpenAI's logprobs report: a token may be part of a
+        character). Byte-level BPE (GPT-2, Llama 3, SmolLM2) maps each byte to a printable stand-in;
+        SentencePiece writes a space as '▁' and a lone byte as '<0xNN>'."""
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if isinstance(self._tokenizer.decoder, ByteLevel):
+            byte_of = _byte_level_bytes()
+            if all(char in byte_of for char in piece):  # an added token ('<|im_end|>') may use any text
+                return bytes(byte_of[char] for char in piece)
+        if match := _LONE_BYTE.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        return piece.replace("▁", " ").encode()
+
     def text_stream(self) -> TextStream:
         """A new incremental decoder for one generated sequence."""
         return TextStream(self._tokenizer)
@@ -177,3 +194,22 @@ def pad_batch(rows: Sequence[EncodedText], pad_token_id: int) -> dict[str, np.nd
         attention_mask[i, :n] = 1
         token_type_ids[i, :n] = row.type_ids
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+_LONE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@cache
+def _byte_level_bytes() -> dict[str, int]:
+    """Byte-level BPE's alphabet, stand-in -> byte: the printable Latin-1 bytes stand for themselves, the
+    other 68 (controls, space, soft hyphen) for the characters from U+0100 up, in byte order (GPT-2's)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    stand_in = {byte: byte for byte in printable}
+    for byte in range(256):
+        if byte not in stand_in:
+            stand_in[byte] = 256 + len(stand_in) - len(printable)
+    return {chr(char): byte for byte, char in stand_in.items()}

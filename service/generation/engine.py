@@ -23,7 +23,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from service.generation.runner import DecoderRunner, StepResult
-from service.generation.sampling import SamplingParams
+from service.generation.sampling import Logprob, SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
 from service.generation.sequence import TRACED_TOKENS, Detokenizer, FinishReason, TokenEvent
 from service.generation.sequence import Sequence as GenSequence
@@ -31,7 +31,8 @@ from service.generation.speculative import SpeculativeRunner
 
 log = logging.getLogger(__name__)
 
-Produced = tuple[GenSequence, int, int, FinishReason | None]  # sequence, token, its index, how it ended
+# sequence, token, its index, how it ended, its log-probabilities (where the request asked)
+Produced = tuple[GenSequence, int, int, FinishReason | None, Logprob | None]
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,10 @@ class GenerationCore:
             try:
                 result = self.runner.execute(plan)
                 produced = [
-                    self._record(s, token)
+                    self._record(s, token, logprobs[i] if logprobs else None)
                     for s in [*plan.prefill, *plan.decode]
-                    for token in (result.tokens[s.id], *result.more.get(s.id, ()))
+                    for logprobs in (result.logprobs.get(s.id),)
+                    for i, token in enumerate((result.tokens[s.id], *result.more.get(s.id, ())))
                 ]
             except Exception as e:  # a failing step fails the sequences in it, never the engine thread
                 failed = [*plan.prefill, *plan.decode]
@@ -153,7 +155,7 @@ class GenerationCore:
                     log.exception("generation step hook failed")
             self._to_loop(self._deliver, [p for p in produced if p is not None])
 
-    def _record(self, seq: GenSequence, token: int) -> Produced | None:
+    def _record(self, seq: GenSequence, token: int, logprob: Logprob | None) -> Produced | None:
         """The token appended for the next step, and whether it ends the sequence (eos, length)."""
         if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
             return None
@@ -165,7 +167,7 @@ class GenerationCore:
             finish = "length"
         if finish is not None:
             seq.finish_reason = finish
-        return seq, token, len(seq.output) - 1, finish
+        return seq, token, len(seq.output) - 1, finish, logprob
 
     def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
@@ -252,18 +254,26 @@ class TokenStreams:
                 self._release(seq)
 
     async def generate(
-        self, prompt: Sequence[int], params: SamplingParams, traced: bool = False
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        traced: bool = False,
+        on_event: Callable[[TokenEvent], None] | None = None,
     ) -> tuple[GenSequence, str]:
-        """Run to completion; returns the finished sequence and its text."""
+        """Run to completion; returns the finished sequence and its text (`on_event` sees each event)."""
         seq = self.submit(prompt, params, traced)
-        parts = [event.text async for event in self.stream(seq)]
+        parts = []
+        async for event in self.stream(seq):
+            parts.append(event.text)
+            if on_event is not None:
+                on_event(event)
         return seq, "".join(parts)
 
     def deliver(self, produced: list[Produced]) -> None:
-        for seq, token, index, finish in produced:
+        for seq, token, index, finish, logprob in produced:
             if seq.ended or seq.error is not None:  # a stop string ended it before this token
                 continue
-            self._emit(seq, token, index, finish)
+            self._emit(seq, token, index, finish, logprob)
 
     def fail(self, seqs: list[GenSequence], error: Exception) -> None:
         for seq in seqs:
@@ -274,7 +284,9 @@ class TokenStreams:
             seq.ended = True
             seq.events.put_nowait(TokenEvent(None, "", None))
 
-    def _emit(self, seq: GenSequence, token: int, index: int, finish: FinishReason | None) -> None:
+    def _emit(
+        self, seq: GenSequence, token: int, index: int, finish: FinishReason | None, logprob: Logprob | None
+    ) -> None:
         """What the client sees: timing metrics, the text the token completes (a stop string ends it)."""
         now = time.perf_counter()
         if seq.last_token_at is None:
@@ -293,7 +305,9 @@ class TokenStreams:
             seq.finish_reason, seq.ended = finish, True
         if stopped:
             self._release(seq)  # the engine drops it at its next step
-        seq.events.put_nowait(TokenEvent(token, _unsent(seq, final=finish is not None), finish, index))
+        seq.events.put_nowait(
+            TokenEvent(token, _unsent(seq, final=finish is not None), finish, index, logprob)
+        )
 
     def _add_text(self, seq: GenSequence, token: int) -> bool:
         """Append the text this token completes (nothing mid-character); cut at a stop string, if one

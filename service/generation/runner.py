@@ -29,7 +29,7 @@ import numpy as np
 
 from service.engine import DeviceEngine, Engine
 from service.generation.device_cache import DeviceCache, RowGather
-from service.generation.sampling import next_token
+from service.generation.sampling import Logprob, next_token, token_logprob
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.manifest import GenerationLayout
@@ -46,6 +46,8 @@ class StepResult:
     drafted: int = 0  # speculative decoding: draft tokens proposed this step
     accepted: int = 0  # of them, kept by the teacher
     checked: int = 0  # sequences the teacher's pass checked (one teacher step each)
+    # sequence id -> the log-probabilities of its tokens (the token, then `more`), where it asked for them
+    logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
 
 
 class SlotCache:
@@ -179,16 +181,17 @@ class DecoderRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens: dict[int, int] = {}
+        logprobs: dict[int, list[Logprob]] = {}
         started = time.perf_counter()
         if plan.prefill:
-            tokens |= self._prefill(plan.prefill)
+            tokens |= self._prefill(plan.prefill, logprobs=logprobs)
         prefilled = time.perf_counter()
         if plan.decode:
-            tokens |= self._decode(plan.decode)
+            tokens |= self._decode(plan.decode, logprobs)
         else:
             self._cache = None  # nothing runs on: its cache is nobody's
         self.keep_prefilled({s.id for s in plan.prefill})
-        return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled)
+        return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled, logprobs=logprobs)
 
     def _run(
         self,
@@ -209,10 +212,13 @@ class DecoderRunner:
     def _presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
-    def prefill(self, seqs: Seq[Sequence], choose: bool = True) -> dict[int, int]:
+    def prefill(
+        self, seqs: Seq[Sequence], choose: bool = True, logprobs: dict[int, list[Logprob]] | None = None
+    ) -> dict[int, int]:
         """The prompts' caches, kept until the sequences join the decode batch, and (`choose`) each one's
-        first token; a draft model prefills without choosing (its choice would spend the sequence's RNG)."""
-        return self._prefill(seqs, choose)
+        first token, its log-probabilities into `logprobs` where asked; a draft model prefills without
+        choosing (its choice would spend the sequence's RNG)."""
+        return self._prefill(seqs, choose, logprobs)
 
     def keep_prefilled(self, fresh: set[int]) -> None:
         """A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will:
@@ -228,7 +234,9 @@ class DecoderRunner:
     def presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
         return self._presents(outputs)
 
-    def _prefill(self, seqs: Seq[Sequence], choose: bool = True) -> dict[int, int]:
+    def _prefill(
+        self, seqs: Seq[Sequence], choose: bool = True, logprobs: dict[int, list[Logprob]] | None = None
+    ) -> dict[int, int]:
         """All new prompts in one call: right-padded, with an empty past."""
         layout = self.layout
         width = max(len(s.prompt) for s in seqs)
@@ -247,9 +255,11 @@ class DecoderRunner:
             self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in presents]
             if choose:
                 tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
+                if logprobs is not None:
+                    add_logprobs(logprobs, s, outputs["logits"][row, n - 1 : n], [tokens[s.id]])
         return tokens
 
-    def _decode(self, seqs: Seq[Sequence]) -> dict[int, int]:
+    def _decode(self, seqs: Seq[Sequence], logprobs: dict[int, list[Logprob]]) -> dict[int, int]:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
         cache = self._cache or self._new_cache()
         rows = sync_rows(cache, seqs, self)
@@ -258,7 +268,10 @@ class DecoderRunner:
         ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
         outputs = self._run(ids, mask, positions, past, on_device=isinstance(cache, DeviceCache))
         cache.append(self._presents(outputs))
-        return dict(zip(cache.ids, _next_tokens(outputs["logits"][:, -1], rows), strict=True))
+        chosen = _next_tokens(outputs["logits"][:, -1], rows)
+        for row, (s, token) in enumerate(zip(rows, chosen, strict=True)):
+            add_logprobs(logprobs, s, outputs["logits"][row, -1:], [token])
+        return dict(zip(cache.ids, chosen, strict=True))
 
     def _new_cache(self) -> SlotCache | DeviceCache:
         layout = self.layout
@@ -282,6 +295,17 @@ def sync_rows(cache: SlotCache | DeviceCache, seqs: Seq[Sequence], runner: Decod
         elif s.id not in running:
             raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
     return [by_id[i] for i in cache.ids]
+
+
+def add_logprobs(
+    logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray, tokens: Seq[int]
+) -> None:
+    """Where `seq` asked for them, the log-probabilities of `tokens`, each under its row of `logits`
+    [len(tokens), vocab] (the positions that chose them)."""
+    if seq.params.logprobs is not None:
+        logprobs[seq.id] = [
+            token_logprob(row, token, seq.params.logprobs) for row, token in zip(logits, tokens, strict=True)
+        ]
 
 
 def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:

@@ -1,4 +1,5 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty, seeded.
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty, seeded; and
+the chosen token's log-probability with the most likely alternatives, for requests that ask (`logprobs`).
 
 Pure numpy, one sequence at a time (the logits row of one sequence); each sequence owns its generator so a
 seeded request gives the same text whatever else shares its batch.
@@ -20,6 +21,11 @@ GREEDY_BELOW = 1e-5
 PENALIZED_LIMIT = 1e30
 # Smaller penalties give the same float32 scores (beyond the limit, or 0), but would overflow float64 first.
 _SMALLEST_PENALTY = 1e-200
+MAX_LOGPROBS = 20  # alternatives a request may ask for per token (OpenAI's chat limit)
+
+# A token's log-probability and the `logprobs` most likely tokens' (id, log-probability), most likely first:
+# plain data, as it travels from the engine core to a frontend.
+Logprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
+    logprobs: int | None = None  # each token's log-probability and this many alternatives' (None: neither)
 
     @property
     def greedy(self) -> bool:
@@ -92,6 +99,17 @@ def next_token(
         kept = kept[: int(np.searchsorted(mass - kept, params.top_p, side="left"))]  # the best always stays
     cdf = np.cumsum(kept, dtype=np.float64)
     return int(best[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(kept) - 1)])
+
+
+def token_logprob(logits: np.ndarray, token: int, alternatives: int) -> Logprob:
+    """`token`'s log-probability under the model's own distribution (the log-softmax of its raw logits,
+    before penalty, temperature, top-k and top-p: what vLLM reports by default, and what says how sure the
+    model was whatever the request's sampling did), and the `alternatives` most likely tokens'."""
+    row = logits.astype(np.float64)
+    shifted = row - row.max()
+    log_probs = shifted - np.log(np.exp(shifted).sum())
+    best = _best(log_probs, alternatives) if alternatives > 0 else np.zeros(0, dtype=np.int64)
+    return float(log_probs[token]), tuple((int(i), float(log_probs[i])) for i in best)
 
 
 def scaled(scores: np.ndarray, temperature: float) -> np.ndarray:

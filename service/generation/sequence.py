@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from service.generation.sampling import SamplingParams
+from service.generation.sampling import Logprob, SamplingParams
 
 FinishReason = Literal["length", "eos", "stop"]
 TRACED_TOKENS = 32  # a traced sequence's tokens whose arrival times it keeps (its decode span's events)
@@ -32,6 +32,7 @@ class TokenEvent:
     text: str
     finish_reason: FinishReason | None = None
     index: int = 0  # which generated token this is (0: the first)
+    logprob: Logprob | None = None  # where the request asked (SamplingParams.logprobs)
 
 
 @dataclass(eq=False)

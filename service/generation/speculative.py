@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, SlotCache, StepResult, sync_rows
-from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
+from service.generation.runner import DecoderRunner, SlotCache, StepResult, add_logprobs, sync_rows
+from service.generation.sampling import Logprob, SamplingParams, apply_repetition_penalty, scaled
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.manifest import GenerationLayout, Manifest
@@ -144,14 +144,15 @@ class SpeculativeRunner:
         started = time.perf_counter()
         tokens: dict[int, int] = {}
         more: dict[int, list[int]] = {}
+        logprobs: dict[int, list[Logprob]] = {}
         drafted = accepted = 0
         if plan.prefill:
-            tokens |= self.teacher.prefill(plan.prefill)
+            tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs)
             if self.draft is not None:
                 self.draft.prefill(plan.prefill, choose=False)
         prefilled = time.perf_counter()
         if plan.decode:
-            emitted_by, k = self._step(plan.decode)
+            emitted_by, k = self._step(plan.decode, logprobs)
             for seq_id, emitted in emitted_by.items():
                 tokens[seq_id], more[seq_id] = emitted[0], emitted[1:]
                 drafted, accepted = drafted + k, accepted + len(emitted) - 1
@@ -163,10 +164,13 @@ class SpeculativeRunner:
             self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
         checked = len(plan.decode)
-        return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked)
+        return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs)
 
-    def _step(self, seqs: Seq[Sequence]) -> tuple[dict[int, list[int]], int]:
-        """Each sequence's emitted tokens, and the number drafted for each."""
+    def _step(
+        self, seqs: Seq[Sequence], logprobs: dict[int, list[Logprob]]
+    ) -> tuple[dict[int, list[int]], int]:
+        """Each sequence's emitted tokens, and the number drafted for each; the teacher's log-probabilities
+        of them into `logprobs` where asked (each from the teacher's pass at the position that chose it)."""
         if self._caches is None:
             layout = self.teacher.layout
             teacher_cache = SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
@@ -228,6 +232,8 @@ class SpeculativeRunner:
                 for j in range(k + 1)
             ]
             emitted[s.id] = accept(drafts[row].tolist(), q[row], p, s.rng)
+        for row, s in enumerate(rows):
+            add_logprobs(logprobs, s, out["logits"][row, : len(emitted[s.id])], emitted[s.id])
         kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
         teacher_cache.truncate(kept_lengths)
         if draft_cache is not None:

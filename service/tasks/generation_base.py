@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -74,7 +74,7 @@ class SamplingFields(BaseModel):
         description="Go on past the end-of-sequence token up to the token limit (as vLLM's, for benchmarks).",
     )
 
-    def sampling(self, max_new_tokens: int) -> SamplingParams:
+    def sampling(self, max_new_tokens: int, logprobs: int | None = None) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
@@ -84,6 +84,7 @@ class SamplingFields(BaseModel):
             seed=self.seed,
             stop=self.stop,
             ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
         )
 
 
@@ -156,8 +157,10 @@ def _fit_prompt(ids: list[int], window: int, budget: int, truncate: bool) -> lis
     )
 
 
-async def complete(prepared: Prepared) -> Completion:
-    seq, text = await prepared.engine.generate(prepared.prompt, prepared.params, prepared.phases is not None)
+async def complete(prepared: Prepared, on_event: Callable[[TokenEvent], None] | None = None) -> Completion:
+    """The whole answer (`on_event` sees each token's event on the way: its log-probabilities, say)."""
+    traced = prepared.phases is not None
+    seq, text = await prepared.engine.generate(prepared.prompt, prepared.params, traced, on_event)
     trace_generation(prepared, seq)
     return Completion(
         generated_text=text,

@@ -5,7 +5,7 @@ service.tasks.chat_template) goes through the generation endpoints' shared prepa
 (service.tasks.generation_base); only the answer's shape differs (`text_completion` with `text`,
 `chat.completion` with `message`, and their stream chunks). Errors are in OpenAI's shape (the route's
 `errors="openai"`), so the official client's `completions.create` and `chat.completions.create` work, whole
-and streamed, `usage` included.
+and streamed, `usage` and `logprobs` included (service.tasks.openai_logprobs).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from service.exchange import Exchange
+from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.chat_template import ChatTemplateError
 from service.tasks.contract import Collaborators, EventStream, InvalidInputError
@@ -33,6 +34,10 @@ from service.tasks.generation_base import (
     sse,
     stream_failed,
 )
+from service.tasks.openai_logprobs import LogprobWriter
+
+if TYPE_CHECKING:
+    from service.served import ServedModel
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -106,14 +111,19 @@ class CompletionRequest(OpenAIRequest):
     prompt: CompletionPrompt = Field(..., description="A string (or a list holding one string).")
     max_tokens: int = Field(16, ge=1, le=4096)
     echo: bool = Field(False, description="Not supported: must be false.")
-    logprobs: int | None = Field(None, description="Not supported: must be null.")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description="Each token's log-probability (under the model's own distribution, before temperature, "
+        "penalty, top-k and top-p) and this many most likely alternatives'.",
+    )
     best_of: int | None = Field(None, description="Not supported: null or 1.")
     suffix: str | None = Field(None, description="Not supported: must be null.")
 
     def unsupported(self) -> list[tuple[str, bool]]:
         mine = [
             ("echo", self.echo),
-            ("logprobs", self.logprobs is not None),
             ("best_of", self.best_of not in (None, 1)),
             ("suffix", self.suffix is not None),
         ]
@@ -162,8 +172,14 @@ class ChatCompletionRequest(OpenAIRequest):
     max_completion_tokens: int | None = Field(
         None, ge=1, le=4096, description="Most tokens to generate; default: as many as the window leaves."
     )
-    logprobs: bool | None = Field(None, description="Not supported: null or false.")
-    top_logprobs: int | None = Field(None, description="Not supported: must be null.")
+    logprobs: bool | None = Field(
+        None,
+        description="Each token's log-probability, under the model's own distribution (before temperature, "
+        "penalty, top-k and top-p).",
+    )
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="With logprobs: this many most likely alternatives per token."
+    )
     tools: list[Any] | None = Field(None, description="Not supported: null or empty.")
     tool_choice: Any = Field(None, description="Not supported: null or 'none'.")
     functions: list[Any] | None = Field(None, description="Not supported: must be null.")
@@ -172,8 +188,6 @@ class ChatCompletionRequest(OpenAIRequest):
 
     def unsupported(self) -> list[tuple[str, bool]]:
         mine = [
-            ("logprobs", bool(self.logprobs)),
-            ("top_logprobs", self.top_logprobs is not None),
             ("tools", bool(self.tools)),
             ("tool_choice", self.tool_choice not in (None, "none")),
             ("functions", self.functions is not None),
@@ -181,6 +195,17 @@ class ChatCompletionRequest(OpenAIRequest):
             ("response_format", (self.response_format or {"type": "text"}).get("type") != "text"),
         ]
         return mine + super().unsupported()
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def alternatives(self) -> int | None:
+        """The engine's `logprobs`: alternatives per token, or None where no log-probabilities are asked."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self, window: int) -> int:
         """max_completion_tokens, else max_tokens, else the window (prepare cuts it to the room left)."""
@@ -207,30 +232,53 @@ def _finish(reason: str | None) -> str | None:
 @dataclass(frozen=True)
 class Shape:
     """How one endpoint writes its answer: the objects' names, the whole answer's choice, and the choices
-    each streamed token event becomes (`opening`: the choices sent before the first token)."""
+    each streamed token event becomes (`opening`: the choices sent before the first token). `logprobs`, in
+    both, is what the request's LogprobWriter has for them (None where it asked for none)."""
 
     id_prefix: str
     whole: str
     chunk: str
-    choice: Callable[[str, str], dict[str, Any]]  # (text, OpenAI finish reason) -> the whole answer's choice
-    chunk_choices: Callable[[TokenEvent], list[dict[str, Any]]]
+    chat: bool
+    # (text, OpenAI finish reason, logprobs) -> the whole answer's choice
+    choice: Callable[[str, str, dict[str, Any] | None], dict[str, Any]]
+    chunk_choices: Callable[[TokenEvent, LogprobWriter | None], list[dict[str, Any]]]
     opening: tuple[dict[str, Any], ...] = ()
 
 
-def _completion_chunk(event: TokenEvent) -> list[dict[str, Any]]:
+def _take(writer: LogprobWriter | None, event: TokenEvent | None = None) -> dict[str, Any] | None:
+    if writer is None:
+        return None
+    if event is not None:
+        writer.add(event)
+    return writer.take()
+
+
+def _completion_chunk(event: TokenEvent, writer: LogprobWriter | None) -> list[dict[str, Any]]:
     """One chunk per token event, its finish reason on the last (as before the chat endpoint existed)."""
-    return [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": _finish(event.finish_reason)}]
+    logprobs = _take(writer, event)
+    return [
+        {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": _finish(event.finish_reason)}
+    ]
 
 
-def _chat_chunks(event: TokenEvent) -> list[dict[str, Any]]:
+def _chat_chunks(event: TokenEvent, writer: LogprobWriter | None) -> list[dict[str, Any]]:
     """A content delta when the token completes text; the finish reason in a last chunk of its own with
-    an empty delta, as OpenAI sends it."""
+    an empty delta, as OpenAI sends it. A token's logprobs go with the first chunk sent after it."""
+    if writer is not None:
+        writer.add(event)
     chunks = []
     if event.text:
-        chunks.append({"index": 0, "delta": {"content": event.text}, "logprobs": None, "finish_reason": None})
+        chunks.append(
+            {"index": 0, "delta": {"content": event.text}, "logprobs": _take(writer), "finish_reason": None}
+        )
     if event.finish_reason is not None:
         chunks.append(
-            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish(event.finish_reason)}
+            {
+                "index": 0,
+                "delta": {},
+                "logprobs": _take(writer),
+                "finish_reason": _finish(event.finish_reason),
+            }
         )
     return chunks
 
@@ -239,17 +287,19 @@ COMPLETION = Shape(
     "cmpl",
     "text_completion",
     "text_completion",
-    lambda text, finish: {"index": 0, "text": text, "logprobs": None, "finish_reason": finish},
+    False,
+    lambda text, finish, logprobs: {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish},
     _completion_chunk,
 )
 CHAT = Shape(
     "chatcmpl",
     "chat.completion",
     "chat.completion.chunk",
-    lambda text, finish: {
+    True,
+    lambda text, finish, logprobs: {
         "index": 0,
         "message": {"role": "assistant", "content": text},
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": finish,
     },
     _chat_chunks,
@@ -260,13 +310,15 @@ CHAT = Shape(
 
 
 class Answer:
-    """One request's answer: its shape and envelope (id, created, model)."""
+    """One request's answer: its shape and envelope (id, created, model), and its log-probabilities'
+    writer where the request asked for them (`token_bytes`: the model tokenizer's, for their text)."""
 
-    def __init__(self, shape: Shape, model: str) -> None:
+    def __init__(self, shape: Shape, model: str, token_bytes: Callable[[int], bytes] | None = None) -> None:
         self.shape = shape
         self.model = model
         self.id = f"{shape.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.logprobs = LogprobWriter(token_bytes, shape.chat) if token_bytes is not None else None
 
     def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -283,8 +335,10 @@ class Answer:
         if stream:
             seq, groups = await open_stream(prepared)
             return EventStream(self._events(seq, groups, include_usage, x))
-        result: Completion = await complete(prepared)
-        choice = self.shape.choice(result["generated_text"], OPENAI_FINISH[result["finish_reason"]])
+        writer = self.logprobs
+        result: Completion = await complete(prepared, writer.add if writer is not None else None)
+        finish = OPENAI_FINISH[result["finish_reason"]]
+        choice = self.shape.choice(result["generated_text"], finish, _take(writer))
         return self.envelope(self.shape.whole, [choice]) | {
             "usage": _usage(result["prompt_tokens"], result["tokens"])
         }
@@ -296,7 +350,11 @@ class Answer:
         try:
             opening = b"".join(sse(self.envelope(kind, [choice])) for choice in self.shape.opening)
             async for group in groups:
-                chunks = [sse(self.envelope(kind, [c])) for e in group for c in self.shape.chunk_choices(e)]
+                chunks = [
+                    sse(self.envelope(kind, [c]))
+                    for e in group
+                    for c in self.shape.chunk_choices(e, self.logprobs)
+                ]
                 if chunks or opening:  # a chat token that ends mid-character has no chunk yet
                     yield opening + b"".join(chunks)
                     opening = b""
@@ -313,8 +371,10 @@ class Answer:
 
 async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborators) -> Any:
     model = c.resolve(NAME, body.model, None, x)
-    prepared = prepare(model, body.text, body.sampling(body.max_tokens), body.truncate_prompt, c.metrics, x)
-    return await Answer(COMPLETION, model.name).respond(prepared, body.stream, body.include_usage, x)
+    params = body.sampling(body.max_tokens, body.logprobs)
+    prepared = prepare(model, body.text, params, body.truncate_prompt, c.metrics, x)
+    answer = Answer(COMPLETION, model.name, _token_bytes(model, params))
+    return await answer.respond(prepared, body.stream, body.include_usage, x)
 
 
 async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: Collaborators) -> Any:
@@ -330,6 +390,12 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
         raise InvalidInputError(
             f"the model's chat template refused the messages: {e}", param="messages"
         ) from None
-    params = body.sampling(body.token_limit(model.manifest.max_sequence_length))
+    params = body.sampling(body.token_limit(model.manifest.max_sequence_length), body.alternatives)
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
-    return await Answer(CHAT, model.name).respond(prepared, body.stream, body.include_usage, x)
+    answer = Answer(CHAT, model.name, _token_bytes(model, params))
+    return await answer.respond(prepared, body.stream, body.include_usage, x)
+
+
+def _token_bytes(model: ServedModel, params: SamplingParams) -> Callable[[int], bytes] | None:
+    """The tokenizer's token -> bytes where the request asked for log-probabilities (None otherwise)."""
+    return model.encoder.token_bytes if params.logprobs is not None else None

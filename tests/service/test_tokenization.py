@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from service.manifest import TokenizerSpec
 from service.repository import read_version
 from service.tokenization import EncodedText, TextEncoder
+from tests.conftest import TASK_MODEL_NAMES
 
 
 def encoder_of(repository: Path, name: str) -> TextEncoder:
@@ -80,3 +82,32 @@ def test_a_text_stream_falls_back_to_whole_decoding_when_the_incremental_decoder
     stream._stream = Refuses()
     rest = [stream.step(token) for token in ids[half:]]
     assert "".join(p or "" for p in first + rest) == encoder.decode(ids)
+
+
+def test_a_byte_level_bpe_tokens_bytes_spell_the_text(tiny_repository: Path) -> None:
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    from service.tokenization import _byte_level_bytes
+
+    assert _byte_level_bytes() == {char: byte for byte, char in bytes_to_unicode().items()}  # GPT-2's map
+    encoder = encoder_of(tiny_repository, TASK_MODEL_NAMES["text-generation"])
+    text = "naïve café, 東京 — ok\n"
+    ids = encoder.encode_untruncated(text, add_special_tokens=False).input_ids
+    pieces = [encoder.token_bytes(int(i)) for i in ids]
+    assert b"".join(pieces) == text.encode()
+    assert any(len(p) == 1 and p[0] >= 0x80 for p in pieces)  # a byte alone: part of a character
+
+
+def test_sentencepiece_tokens_give_spaces_and_lone_bytes(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, "▁caf": 1, "<0xC3>": 2, "<0xA9>": 3, "▁ok": 4}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    spec = TokenizerSpec(sha256="0" * 64, max_length=16, pad_token_id=0)
+    encoder = TextEncoder(tmp_path / "tokenizer.json", spec)
+    assert [encoder.token_bytes(i) for i in (1, 2, 3, 4)] == [b" caf", b"\xc3", b"\xa9", b" ok"]
+    assert b"".join(encoder.token_bytes(i) for i in (1, 2, 3, 4)).decode() == " café ok"

@@ -206,7 +206,6 @@ def test_completions_still_take_what_openai_clients_send(client: TestClient) -> 
     ("field", "value"),
     [
         ("echo", True),
-        ("logprobs", 1),
         ("best_of", 2),
         ("suffix", "!"),
         ("logit_bias", {"50256": -100}),

@@ -14,6 +14,7 @@ from service.generation.sampling import (
     apply_repetition_penalty,
     next_token,
     scaled,
+    token_logprob,
 )
 
 LOGITS = np.array([1.0, 3.0, 2.0, -1.0, 0.5])
@@ -131,3 +132,16 @@ def test_a_tiny_repetition_penalty_gives_finite_probabilities(penalty: float) ->
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty)
         token = next_token(logits, params, seen, rng)
         assert token == seen[0]  # the positive seen logit, divided by (nearly) 0, outranks all
+
+
+def test_token_logprob_is_torchs_log_softmax_and_the_best_alternatives() -> None:
+    import torch
+
+    logits = np.random.default_rng(3).normal(0, 8, 1000).astype(np.float32)
+    logits[7] = 60.0  # a near-certain token: the others' log-probabilities far below 0, still exact
+    reference = torch.log_softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
+    logprob, alternatives = token_logprob(logits, 123, 5)
+    assert logprob == pytest.approx(reference[123], abs=1e-9)
+    assert [i for i, _ in alternatives] == list(np.argsort(-reference)[:5])
+    assert [lp for _, lp in alternatives] == pytest.approx(sorted(reference, reverse=True)[:5], abs=1e-9)
+    assert token_logprob(logits, 7, 0) == (pytest.approx(reference[7]), ())

@@ -268,6 +268,26 @@ def test_clients_see_the_teachers_text_and_the_metrics_say_what_the_drafts_bough
     assert metric_value(plain.get("/metrics").text, "distilserve_draft_tokens_total") == 0
 
 
+def test_log_probabilities_are_the_teachers_own_under_drafting(served: tuple[TestClient, TestClient]) -> None:
+    """Drafted tokens' log-probabilities come from the teacher's checking pass: the same as decoding alone."""
+    fast, plain = served
+    body = {
+        "model": "lm-teacher",
+        "prompt": "Acme was founded",
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    a = fast.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    b = plain.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) == 12
+    assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-5)
+    for mine, theirs in zip(a["top_logprobs"], b["top_logprobs"], strict=True):
+        assert mine.keys() == theirs.keys() and list(mine.values()) == pytest.approx(
+            list(theirs.values()), abs=1e-5
+        )
+
+
 def test_auto_leaves_a_draft_as_costly_as_its_teacher_off(
     lm_pair: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,0 +1,184 @@
+"""OpenAI's `logprobs` on a real uvicorn (the engine core in its own process): each token's log-probability
+is PyTorch's log-softmax of the model's logits at that position, in the chat and the legacy completions
+shapes, whole and streamed alike; a token inside a character reports its bytes; bad requests are 400s."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from export.greedy import greedy_torch
+from service.tokenization import _byte_level_bytes
+from tests.service.live_server import LiveServer, live_server
+from tests.service.tasks.test_openai_generation import BYTES, CHAT, MESSAGES, openai_client
+from tests.service.tasks.test_openai_generation import repository as repository  # the module's fixture
+
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[LiveServer]:
+    with live_server(repository) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval(), AutoTokenizer.from_pretrained(
+        tiny_llama_dir
+    )
+
+
+def torch_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """[len(tokens), vocab]: the model's log-softmax at the positions that chose each token."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[
+            0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)
+        ]
+    return torch.log_softmax(logits.double(), dim=-1).numpy()
+
+
+def chat_prompt(tokenizer: Any) -> list[int]:
+    return list(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True))
+
+
+def test_chat_logprobs_are_pytorchs_whole_and_streamed(
+    server: LiveServer, reference: tuple[Any, Any]
+) -> None:
+    model, tokenizer = reference
+    client = openai_client(server)
+    ask: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": NEW_TOKENS, "temperature": 0}
+    plain = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3)
+    content = plain.choices[0].logprobs.content
+    assert plain.usage is not None and len(content) == plain.usage.completion_tokens
+
+    prompt = chat_prompt(tokenizer)
+    expected = greedy_torch(model, prompt, NEW_TOKENS, tokenizer.eos_token_id)
+    reference_lp = torch_logprobs(model, prompt, expected)
+    assert len(content) == len(expected)
+    for entry, token, row in zip(content, expected, reference_lp, strict=True):
+        assert entry.logprob == pytest.approx(row[token], abs=1e-4)
+        top = [t.logprob for t in entry.top_logprobs]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        assert top == pytest.approx(sorted(row, reverse=True)[:3], abs=1e-4)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the chosen token is the most likely
+    text_tokens = [e for e, t in zip(content, expected, strict=True) if t != tokenizer.eos_token_id]
+    assert b"".join(bytes(e.bytes) for e in text_tokens).decode() == plain.choices[0].message.content
+
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(**ask, logprobs=True, top_logprobs=3, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    without = client.chat.completions.create(**ask)
+    assert without.choices[0].logprobs is None
+    assert without.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_completion_logprobs_in_openais_legacy_shape(server: LiveServer, reference: tuple[Any, Any]) -> None:
+    model, tokenizer = reference
+    prompt_text = "Acme was founded"
+    body = {"model": CHAT, "prompt": prompt_text, "max_tokens": NEW_TOKENS, "temperature": 0, "logprobs": 2}
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+    choice = whole["choices"][0]
+    logprobs = choice["logprobs"]
+    prompt = tokenizer(prompt_text)["input_ids"]
+    expected = torch_logprobs(model, prompt, tokenizer(choice["text"], add_special_tokens=False)["input_ids"])
+    n = len(logprobs["tokens"])
+    assert (
+        n
+        == whole["usage"]["completion_tokens"]
+        == len(logprobs["token_logprobs"])
+        == len(logprobs["top_logprobs"])
+    )
+    for i in range(min(n, len(expected))):
+        assert logprobs["token_logprobs"][i] == pytest.approx(expected[i].max(), abs=1e-4)  # greedy
+        top = logprobs["top_logprobs"][i]
+        assert logprobs["tokens"][i] in top and 1 <= len(top) <= 3  # the 2 best and the chosen one
+    offsets = logprobs["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    for token, offset in zip(logprobs["tokens"], offsets, strict=True):
+        if not token.startswith("bytes:") and choice["text"][offset:]:
+            assert choice["text"][offset:].startswith(token)
+
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    joined = {key: [v for p in pieces for v in p[key]] for key in logprobs}
+    assert joined == logprobs
+    assert "".join(e["choices"][0]["text"] for e in events) == choice["text"]
+
+
+def test_a_sampled_tokens_logprob_is_under_the_models_own_distribution(
+    server: LiveServer, reference: tuple[Any, Any]
+) -> None:
+    model, tokenizer = reference
+    client = openai_client(server)
+    sampled = client.chat.completions.create(
+        model=CHAT,
+        messages=MESSAGES,
+        max_tokens=NEW_TOKENS,
+        temperature=1.7,
+        top_p=0.9,
+        seed=11,
+        logprobs=True,
+    )
+    content = sampled.choices[0].logprobs.content
+    stand_in = {byte: char for char, byte in _byte_level_bytes().items()}  # the tokenizer is byte-level
+    ids = [tokenizer.convert_tokens_to_ids("".join(stand_in[b] for b in entry.bytes)) for entry in content]
+    assert ids and None not in ids
+    row = torch_logprobs(model, chat_prompt(tokenizer), ids)
+    for entry, token, logprobs in zip(content, ids, row, strict=True):
+        assert entry.logprob == pytest.approx(logprobs[token], abs=1e-4)  # not the temperature's
+        assert entry.top_logprobs == []
+
+
+def test_a_token_inside_a_character_reports_its_bytes(server: LiveServer) -> None:
+    client = openai_client(server)
+    ask: dict[str, Any] = {"model": BYTES, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    plain = client.chat.completions.create(**ask, logprobs=True)
+    content = plain.choices[0].logprobs.content
+    assert plain.choices[0].message.content == "éé"
+    assert [(e.token, e.bytes) for e in content] == [("bytes:\\xc3", [0xC3]), ("bytes:\\xa9", [0xA9])] * 2
+    chunks = [
+        c.choices[0]
+        for c in client.chat.completions.create(**ask, logprobs=True, stream=True)
+        if c.choices and c.choices[0].delta.content
+    ]
+    assert [c.delta.content for c in chunks] == ["é", "é"]  # never half a character, and
+    assert [len(c.logprobs.content) for c in chunks] == [2, 2]  # each chunk brings both its tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "change", "message"),
+    [
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
+        ("chat/completions", {"logprobs": 1}, "logprobs: Input should be a valid boolean"),
+        ("completions", {"logprobs": 6}, "logprobs: Input should be less than or equal to 5"),
+        ("completions", {"logprobs": -1}, "logprobs: Input should be greater than or equal to 0"),
+        ("completions", {"echo": True, "logprobs": 1}, "not supported by this server: echo"),
+    ],
+)
+def test_bad_logprobs_requests_are_400s(
+    server: LiveServer, path: str, change: dict[str, Any], message: str
+) -> None:
+    body = {"model": CHAT, "max_tokens": 2} | (
+        {"messages": MESSAGES} if path.startswith("chat") else {"prompt": "hi"}
+    )
+    r = httpx.post(f"{server.base_url}/v1/{path}", json=body | change, timeout=30)
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
