@@ -323,7 +323,7 @@ class RemoteEngine:
 
     def _tokens(self, message: ipc.Tokens) -> None:
         by_generator: dict[int, tuple[RemoteGenerator, list[Produced]]] = {}
-        for request_id, token, index, finish, logprob in message.items:
+        for request_id, token, index, finish, logprob, prompt in message.items:
             entry = self._streams.get(request_id)
             if entry is None:
                 continue
@@ -333,7 +333,7 @@ class RemoteEngine:
             if reason is not None:
                 self._streams.pop(request_id, None)
             by_generator.setdefault(id(generator), (generator, []))[1].append(
-                (seq, token, index, reason, logprob)
+                (seq, token, index, reason, logprob, prompt)
             )
         for generator, produced in by_generator.values():
             generator.deliver(produced)

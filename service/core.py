@@ -279,13 +279,13 @@ class EngineCore:
     def _deliver(self, produced: list[Produced]) -> None:
         """One step's tokens, one message per frontend."""
         by_peer: dict[ipc.Channel, list[ipc.TokenItem]] = {}
-        for seq, token, index, finish, logprob in produced:
+        for seq, token, index, finish, logprob, prompt in produced:
             entry = self._streams.get(seq.id)
             if entry is None:
                 continue
             stream = entry[0]
             by_peer.setdefault(stream.peer, []).append(
-                (stream.request_id, token, index, finish or "", logprob)
+                (stream.request_id, token, index, finish or "", logprob, prompt)
             )
             if finish is not None:
                 self._forget(seq)

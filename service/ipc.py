@@ -164,8 +164,9 @@ class Encoded(msgspec.Struct, tag=True, array_like=True):
     spans: list[str] = []  # per sequence, a traced `Encode`'s only: its engine call's span (service.tracing)
 
 
-# request id, token, its index, finish reason or "", its log-probabilities (where the request asked)
-TokenItem = tuple[int, int, int, str, Logprob | None]
+# request id, token, its index, finish reason or "", its log-probabilities and (its first token only) the
+# prompt's, where the request asked
+TokenItem = tuple[int, int, int, str, Logprob | None, list[Logprob] | None]
 
 
 class Tokens(msgspec.Struct, tag=True, array_like=True):

@@ -31,8 +31,9 @@ from service.generation.speculative import SpeculativeRunner
 
 log = logging.getLogger(__name__)
 
-# sequence, token, its index, how it ended, its log-probabilities (where the request asked)
-Produced = tuple[GenSequence, int, int, FinishReason | None, Logprob | None]
+# sequence, token, its index, how it ended, its log-probabilities and (its first token only) the prompt's,
+# where the request asked
+Produced = tuple[GenSequence, int, int, FinishReason | None, Logprob | None, list[Logprob] | None]
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,11 @@ class GenerationCore:
             try:
                 result = self.runner.execute(plan)
                 produced = [
-                    self._record(s, token, logprobs[i] if logprobs else None)
+                    self._record(s, token, logprobs[i] if logprobs else None, prompt if i == 0 else None)
                     for s in [*plan.prefill, *plan.decode]
-                    for logprobs in (result.logprobs.get(s.id),)
+                    for logprobs, prompt in (
+                        (result.logprobs.tokens.get(s.id), result.logprobs.prompts.get(s.id)),
+                    )
                     for i, token in enumerate((result.tokens[s.id], *result.more.get(s.id, ())))
                 ]
             except Exception as e:  # a failing step fails the sequences in it, never the engine thread
@@ -155,7 +158,9 @@ class GenerationCore:
                     log.exception("generation step hook failed")
             self._to_loop(self._deliver, [p for p in produced if p is not None])
 
-    def _record(self, seq: GenSequence, token: int, logprob: Logprob | None) -> Produced | None:
+    def _record(
+        self, seq: GenSequence, token: int, logprob: Logprob | None, prompt: list[Logprob] | None
+    ) -> Produced | None:
         """The token appended for the next step, and whether it ends the sequence (eos, length)."""
         if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
             return None
@@ -167,7 +172,7 @@ class GenerationCore:
             finish = "length"
         if finish is not None:
             seq.finish_reason = finish
-        return seq, token, len(seq.output) - 1, finish, logprob
+        return seq, token, len(seq.output) - 1, finish, logprob, prompt
 
     def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
         assert self._loop is not None
@@ -270,10 +275,10 @@ class TokenStreams:
         return seq, "".join(parts)
 
     def deliver(self, produced: list[Produced]) -> None:
-        for seq, token, index, finish, logprob in produced:
+        for seq, token, index, finish, logprob, prompt in produced:
             if seq.ended or seq.error is not None:  # a stop string ended it before this token
                 continue
-            self._emit(seq, token, index, finish, logprob)
+            self._emit(seq, token, index, finish, logprob, prompt)
 
     def fail(self, seqs: list[GenSequence], error: Exception) -> None:
         for seq in seqs:
@@ -285,7 +290,13 @@ class TokenStreams:
             seq.events.put_nowait(TokenEvent(None, "", None))
 
     def _emit(
-        self, seq: GenSequence, token: int, index: int, finish: FinishReason | None, logprob: Logprob | None
+        self,
+        seq: GenSequence,
+        token: int,
+        index: int,
+        finish: FinishReason | None,
+        logprob: Logprob | None,
+        prompt_logprobs: list[Logprob] | None,
     ) -> None:
         """What the client sees: timing metrics, the text the token completes (a stop string ends it)."""
         now = time.perf_counter()
@@ -306,7 +317,7 @@ class TokenStreams:
         if stopped:
             self._release(seq)  # the engine drops it at its next step
         seq.events.put_nowait(
-            TokenEvent(token, _unsent(seq, final=finish is not None), finish, index, logprob)
+            TokenEvent(token, _unsent(seq, final=finish is not None), finish, index, logprob, prompt_logprobs)
         )
 
     def _add_text(self, seq: GenSequence, token: int) -> bool:

@@ -46,8 +46,17 @@ class StepResult:
     drafted: int = 0  # speculative decoding: draft tokens proposed this step
     accepted: int = 0  # of them, kept by the teacher
     checked: int = 0  # sequences the teacher's pass checked (one teacher step each)
-    # sequence id -> the log-probabilities of its tokens (the token, then `more`), where it asked for them
-    logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
+    logprobs: StepLogprobs = field(default_factory=lambda: StepLogprobs())
+
+
+@dataclass
+class StepLogprobs:
+    """A step's log-probabilities by sequence id, for the sequences that asked: of its new tokens (the
+    token, then `more`; SamplingParams.logprobs) and, at its prefill, of its prompt's tokens after the first
+    (each under the positions before it; SamplingParams.prompt_logprobs)."""
+
+    tokens: dict[int, list[Logprob]] = field(default_factory=dict)
+    prompts: dict[int, list[Logprob]] = field(default_factory=dict)
 
 
 class SlotCache:
@@ -181,7 +190,7 @@ class DecoderRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         tokens: dict[int, int] = {}
-        logprobs: dict[int, list[Logprob]] = {}
+        logprobs = StepLogprobs()
         started = time.perf_counter()
         if plan.prefill:
             tokens |= self._prefill(plan.prefill, logprobs=logprobs)
@@ -213,7 +222,7 @@ class DecoderRunner:
         return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
     def prefill(
-        self, seqs: Seq[Sequence], choose: bool = True, logprobs: dict[int, list[Logprob]] | None = None
+        self, seqs: Seq[Sequence], choose: bool = True, logprobs: StepLogprobs | None = None
     ) -> dict[int, int]:
         """The prompts' caches, kept until the sequences join the decode batch, and (`choose`) each one's
         first token, its log-probabilities into `logprobs` where asked; a draft model prefills without
@@ -235,7 +244,7 @@ class DecoderRunner:
         return self._presents(outputs)
 
     def _prefill(
-        self, seqs: Seq[Sequence], choose: bool = True, logprobs: dict[int, list[Logprob]] | None = None
+        self, seqs: Seq[Sequence], choose: bool = True, logprobs: StepLogprobs | None = None
     ) -> dict[int, int]:
         """All new prompts in one call: right-padded, with an empty past."""
         layout = self.layout
@@ -256,10 +265,11 @@ class DecoderRunner:
             if choose:
                 tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
                 if logprobs is not None:
-                    add_logprobs(logprobs, s, outputs["logits"][row, n - 1 : n], [tokens[s.id]])
+                    add_logprobs(logprobs.tokens, s, outputs["logits"][row, n - 1 : n], [tokens[s.id]])
+                    add_prompt_logprobs(logprobs.prompts, s, outputs["logits"][row, : n - 1])
         return tokens
 
-    def _decode(self, seqs: Seq[Sequence], logprobs: dict[int, list[Logprob]]) -> dict[int, int]:
+    def _decode(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> dict[int, int]:
         """One token for each running sequence: its last token in, its row of the cache as the past."""
         cache = self._cache or self._new_cache()
         rows = sync_rows(cache, seqs, self)
@@ -270,7 +280,7 @@ class DecoderRunner:
         cache.append(self._presents(outputs))
         chosen = _next_tokens(outputs["logits"][:, -1], rows)
         for row, (s, token) in enumerate(zip(rows, chosen, strict=True)):
-            add_logprobs(logprobs, s, outputs["logits"][row, -1:], [token])
+            add_logprobs(logprobs.tokens, s, outputs["logits"][row, -1:], [token])
         return dict(zip(cache.ids, chosen, strict=True))
 
     def _new_cache(self) -> SlotCache | DeviceCache:
@@ -306,6 +316,14 @@ def add_logprobs(
         logprobs[seq.id] = [
             token_logprob(row, token, seq.params.logprobs) for row, token in zip(logits, tokens, strict=True)
         ]
+
+
+def add_prompt_logprobs(logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray) -> None:
+    """Where `seq` asked for them, its prompt's tokens' log-probabilities after the first, each under the
+    prefill's `logits` [len(prompt) - 1, vocab] at the position before it."""
+    if seq.params.prompt_logprobs is not None:
+        add = seq.params.prompt_logprobs
+        logprobs[seq.id] = [token_logprob(row, t, add) for row, t in zip(logits, seq.prompt[1:], strict=True)]
 
 
 def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:

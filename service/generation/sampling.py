@@ -39,6 +39,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
     logprobs: int | None = None  # each token's log-probability and this many alternatives' (None: neither)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens after the first (OpenAI's echo)
 
     @property
     def greedy(self) -> bool:

@@ -33,6 +33,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     index: int = 0  # which generated token this is (0: the first)
     logprob: Logprob | None = None  # where the request asked (SamplingParams.logprobs)
+    prompt_logprobs: list[Logprob] | None = None  # the first token's only, where asked (SamplingParams)
 
 
 @dataclass(eq=False)

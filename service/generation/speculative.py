@@ -36,8 +36,15 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, SlotCache, StepResult, add_logprobs, sync_rows
-from service.generation.sampling import Logprob, SamplingParams, apply_repetition_penalty, scaled
+from service.generation.runner import (
+    DecoderRunner,
+    SlotCache,
+    StepLogprobs,
+    StepResult,
+    add_logprobs,
+    sync_rows,
+)
+from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.manifest import GenerationLayout, Manifest
@@ -144,7 +151,7 @@ class SpeculativeRunner:
         started = time.perf_counter()
         tokens: dict[int, int] = {}
         more: dict[int, list[int]] = {}
-        logprobs: dict[int, list[Logprob]] = {}
+        logprobs = StepLogprobs()
         drafted = accepted = 0
         if plan.prefill:
             tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs)
@@ -166,9 +173,7 @@ class SpeculativeRunner:
         checked = len(plan.decode)
         return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs)
 
-    def _step(
-        self, seqs: Seq[Sequence], logprobs: dict[int, list[Logprob]]
-    ) -> tuple[dict[int, list[int]], int]:
+    def _step(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> tuple[dict[int, list[int]], int]:
         """Each sequence's emitted tokens, and the number drafted for each; the teacher's log-probabilities
         of them into `logprobs` where asked (each from the teacher's pass at the position that chose it)."""
         if self._caches is None:
@@ -233,7 +238,7 @@ class SpeculativeRunner:
             ]
             emitted[s.id] = accept(drafts[row].tolist(), q[row], p, s.rng)
         for row, s in enumerate(rows):
-            add_logprobs(logprobs, s, out["logits"][row, : len(emitted[s.id])], emitted[s.id])
+            add_logprobs(logprobs.tokens, s, out["logits"][row, : len(emitted[s.id])], emitted[s.id])
         kept_lengths = start + 1 + np.array([len(emitted[s.id]) - 1 for s in rows])
         teacher_cache.truncate(kept_lengths)
         if draft_cache is not None:

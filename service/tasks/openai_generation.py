@@ -10,16 +10,16 @@ and streamed, `usage` and `logprobs` included (service.tasks.openai_logprobs).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from service.exchange import Exchange
-from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.chat_template import ChatTemplateError
 from service.tasks.contract import Collaborators, EventStream, InvalidInputError
@@ -35,9 +35,6 @@ from service.tasks.generation_base import (
     stream_failed,
 )
 from service.tasks.openai_logprobs import LogprobWriter
-
-if TYPE_CHECKING:
-    from service.served import ServedModel
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -110,7 +107,11 @@ class CompletionRequest(OpenAIRequest):
 
     prompt: CompletionPrompt = Field(..., description="A string (or a list holding one string).")
     max_tokens: int = Field(16, ge=1, le=4096)
-    echo: bool = Field(False, description="Not supported: must be false.")
+    echo: bool = Field(
+        False,
+        description="The prompt first in the answer's text, and with logprobs its tokens' log-probabilities "
+        "first (the first token's null): how a client scores a text.",
+    )
     logprobs: int | None = Field(
         None,
         ge=0,
@@ -123,7 +124,6 @@ class CompletionRequest(OpenAIRequest):
 
     def unsupported(self) -> list[tuple[str, bool]]:
         mine = [
-            ("echo", self.echo),
             ("best_of", self.best_of not in (None, 1)),
             ("suffix", self.suffix is not None),
         ]
@@ -310,15 +310,18 @@ CHAT = Shape(
 
 
 class Answer:
-    """One request's answer: its shape and envelope (id, created, model), and its log-probabilities'
-    writer where the request asked for them (`token_bytes`: the model tokenizer's, for their text)."""
+    """One request's answer: its shape and envelope (id, created, model), its log-probabilities' writer
+    where the request asked for them, and the echoed prompt's text where it asked for that."""
 
-    def __init__(self, shape: Shape, model: str, token_bytes: Callable[[int], bytes] | None = None) -> None:
+    def __init__(
+        self, shape: Shape, model: str, logprobs: LogprobWriter | None = None, echo: str | None = None
+    ) -> None:
         self.shape = shape
         self.model = model
         self.id = f"{shape.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.logprobs = LogprobWriter(token_bytes, shape.chat) if token_bytes is not None else None
+        self.logprobs = logprobs
+        self._echo = echo
 
     def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -338,7 +341,7 @@ class Answer:
         writer = self.logprobs
         result: Completion = await complete(prepared, writer.add if writer is not None else None)
         finish = OPENAI_FINISH[result["finish_reason"]]
-        choice = self.shape.choice(result["generated_text"], finish, _take(writer))
+        choice = self.shape.choice((self._echo or "") + result["generated_text"], finish, _take(writer))
         return self.envelope(self.shape.whole, [choice]) | {
             "usage": _usage(result["prompt_tokens"], result["tokens"])
         }
@@ -350,11 +353,7 @@ class Answer:
         try:
             opening = b"".join(sse(self.envelope(kind, [choice])) for choice in self.shape.opening)
             async for group in groups:
-                chunks = [
-                    sse(self.envelope(kind, [c]))
-                    for e in group
-                    for c in self.shape.chunk_choices(e, self.logprobs)
-                ]
+                chunks = [sse(self.envelope(kind, [c])) for e in group for c in self._chunk_choices(e)]
                 if chunks or opening:  # a chat token that ends mid-character has no chunk yet
                     yield opening + b"".join(chunks)
                     opening = b""
@@ -365,6 +364,14 @@ class Answer:
             yield sse({"error": {"message": str(e), "type": "server_error"}})
         yield sse("[DONE]")
 
+    def _chunk_choices(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """The event's chunk choices; the echoed prompt (completions only) opens the first one's text."""
+        choices = self.shape.chunk_choices(event, self.logprobs)
+        if self._echo is not None and choices:
+            choices[0] = choices[0] | {"text": self._echo + choices[0]["text"]}
+            self._echo = None
+        return choices
+
 
 # -- the handlers -----------------------------------------------------------------------------------------
 
@@ -372,8 +379,14 @@ class Answer:
 async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborators) -> Any:
     model = c.resolve(NAME, body.model, None, x)
     params = body.sampling(body.max_tokens, body.logprobs)
+    if body.echo:
+        params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
     prepared = prepare(model, body.text, params, body.truncate_prompt, c.metrics, x)
-    answer = Answer(COMPLETION, model.name, _token_bytes(model, params))
+    writer = None
+    if body.logprobs is not None:
+        writer = LogprobWriter(model.encoder, chat=False, prompt=prepared.prompt if body.echo else None)
+    echo = model.encoder.decode(prepared.prompt) if body.echo else None
+    answer = Answer(COMPLETION, model.name, writer, echo)
     return await answer.respond(prepared, body.stream, body.include_usage, x)
 
 
@@ -392,10 +405,5 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
         ) from None
     params = body.sampling(body.token_limit(model.manifest.max_sequence_length), body.alternatives)
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
-    answer = Answer(CHAT, model.name, _token_bytes(model, params))
-    return await answer.respond(prepared, body.stream, body.include_usage, x)
-
-
-def _token_bytes(model: ServedModel, params: SamplingParams) -> Callable[[int], bytes] | None:
-    """The tokenizer's token -> bytes where the request asked for log-probabilities (None otherwise)."""
-    return model.encoder.token_bytes if params.logprobs is not None else None
+    writer = LogprobWriter(model.encoder, chat=True) if params.logprobs is not None else None
+    return await Answer(CHAT, model.name, writer).respond(prepared, body.stream, body.include_usage, x)

@@ -205,7 +205,6 @@ def test_completions_still_take_what_openai_clients_send(client: TestClient) -> 
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("echo", True),
         ("best_of", 2),
         ("suffix", "!"),
         ("logit_bias", {"50256": -100}),

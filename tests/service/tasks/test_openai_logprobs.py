@@ -163,6 +163,41 @@ def test_a_token_inside_a_character_reports_its_bytes(server: LiveServer) -> Non
     assert [len(c.logprobs.content) for c in chunks] == [2, 2]  # each chunk brings both its tokens
 
 
+def test_echo_scores_the_prompt_as_pytorch_does(server: LiveServer, reference: tuple[Any, Any]) -> None:
+    """lm-evaluation-harness's loglikelihood request: the prompt echoed with its tokens' log-probabilities."""
+    model, tokenizer = reference
+    text = "Acme was founded in a garage, and it grew"
+    body = {"model": CHAT, "prompt": text, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+    choice, prompt = whole["choices"][0], tokenizer(text)["input_ids"]
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith(text) and len(logprobs["tokens"]) == len(prompt) + 1
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = torch_logprobs(model, prompt[:1], prompt[1:])  # each prompt token under the ones before it
+    scores = [row[token] for row, token in zip(expected, prompt[1:], strict=True)]
+    assert logprobs["token_logprobs"][1 : len(prompt)] == pytest.approx(scores, abs=1e-4)
+    assert all(
+        t in top and len(top) <= 2
+        for t, top in zip(logprobs["tokens"][1:], logprobs["top_logprobs"][1:], strict=True)
+    )
+    for token, offset in zip(logprobs["tokens"], logprobs["text_offset"], strict=True):
+        assert choice["text"][offset:].startswith(token)
+    assert logprobs["text_offset"][len(prompt)] == len(text)  # the generated token starts after the prompt
+
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == choice["text"]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    assert {key: [v for p in pieces for v in p[key]] for key in logprobs} == logprobs
+
+    plain = httpx.post(
+        f"{server.base_url}/v1/completions", json={**body, "logprobs": None}, timeout=60
+    ).json()
+    assert plain["choices"][0]["text"] == choice["text"] and plain["choices"][0]["logprobs"] is None
+
+
 @pytest.mark.parametrize(
     ("path", "change", "message"),
     [
@@ -171,7 +206,7 @@ def test_a_token_inside_a_character_reports_its_bytes(server: LiveServer) -> Non
         ("chat/completions", {"logprobs": 1}, "logprobs: Input should be a valid boolean"),
         ("completions", {"logprobs": 6}, "logprobs: Input should be less than or equal to 5"),
         ("completions", {"logprobs": -1}, "logprobs: Input should be greater than or equal to 0"),
-        ("completions", {"echo": True, "logprobs": 1}, "not supported by this server: echo"),
+        ("completions", {"echo": True, "logprobs": 1, "suffix": "!"}, "not supported by this server: suffix"),
     ],
 )
 def test_bad_logprobs_requests_are_400s(
