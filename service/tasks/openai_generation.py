@@ -10,12 +10,13 @@ and streamed, `usage` and `logprobs` included (service.tasks.openai_logprobs).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -37,6 +38,7 @@ from service.tasks.generation_base import (
 from service.tasks.openai_logprobs import LogprobWriter
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+T = TypeVar("T")
 
 
 # -- requests ---------------------------------------------------------------------------------------------
@@ -81,21 +83,23 @@ class OpenAIRequest(SamplingFields):
         return bool((self.stream_options or {}).get("include_usage"))
 
 
+MAX_PROMPTS = 64  # prompts one completions request may carry (each one a choice, all decoded together)
+
+
 def _completion_prompt(value: Any) -> str | list[str]:
     """One clear message per wrong shape before the union is tried (its per-branch errors are noise);
     OpenAI also takes token ids, which this server does not."""
-    if isinstance(value, list):
-        if any(isinstance(x, list) or (isinstance(x, int) and not isinstance(x, bool)) for x in value):
-            raise ValueError("token-id prompts are not supported; send the prompt as text")
-        if len(value) != 1:
-            raise ValueError("give one string (batches of prompts are not supported)")
-        text = value[0]
-    else:
-        text = value
-    if not isinstance(text, str):
-        raise ValueError(f"expected a string (or a list holding one string), got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError("the text is empty")
+    texts = value if isinstance(value, list) else [value]
+    if any(isinstance(x, list) or (isinstance(x, int) and not isinstance(x, bool)) for x in texts):
+        raise ValueError("token-id prompts are not supported; send the prompt as text")
+    if not 1 <= len(texts) <= MAX_PROMPTS:
+        raise ValueError(f"give a string or a list of 1 to {MAX_PROMPTS} strings, not {len(texts)}")
+    for i, text in enumerate(texts):
+        at = f" (prompt {i})" if isinstance(value, list) else ""
+        if not isinstance(text, str):
+            raise ValueError(f"expected a string (or a list of strings), got {type(text).__name__}{at}")
+        if not text.strip():
+            raise ValueError(f"the text is empty{at}")
     return value
 
 
@@ -105,7 +109,9 @@ CompletionPrompt = Annotated[str | list[str], BeforeValidator(_completion_prompt
 class CompletionRequest(OpenAIRequest):
     """OpenAI's /v1/completions request."""
 
-    prompt: CompletionPrompt = Field(..., description="A string (or a list holding one string).")
+    prompt: CompletionPrompt = Field(
+        ..., description=f"A string, or a list of up to {MAX_PROMPTS}: one choice each (`index`: its place)."
+    )
     max_tokens: int = Field(16, ge=1, le=4096)
     echo: bool = Field(
         False,
@@ -130,8 +136,8 @@ class CompletionRequest(OpenAIRequest):
         return mine + super().unsupported()
 
     @property
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def texts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
 
 
 def _message_content(value: Any) -> Any:
@@ -309,19 +315,27 @@ CHAT = Shape(
 )
 
 
-class Answer:
-    """One request's answer: its shape and envelope (id, created, model), its log-probabilities' writer
-    where the request asked for them, and the echoed prompt's text where it asked for that."""
+@dataclass
+class Choice:
+    """One prompt's part of an answer: its engine request, its place, its log-probabilities' writer where
+    the request asked for them, and its echoed prompt's text (completions' `echo`) until sent."""
 
-    def __init__(
-        self, shape: Shape, model: str, logprobs: LogprobWriter | None = None, echo: str | None = None
-    ) -> None:
+    prepared: Prepared
+    index: int = 0
+    logprobs: LogprobWriter | None = None
+    echo: str | None = None
+
+
+class Answer:
+    """One request's answer: its shape and envelope (id, created, model) around its choices, one per prompt
+    (chat: one), decoded together by the engine (continuous batching) and streamed as their tokens come."""
+
+    def __init__(self, shape: Shape, model: str, choices: list[Choice]) -> None:
         self.shape = shape
         self.model = model
+        self.choices = choices
         self.id = f"{shape.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.logprobs = logprobs
-        self._echo = echo
 
     def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -332,45 +346,117 @@ class Answer:
             "choices": choices,
         }
 
-    async def respond(self, prepared: Prepared, stream: bool, include_usage: bool, x: Exchange) -> Any:
-        """The whole answer, or its events once the engine has the first tokens (so a refusal, 429 or 503,
-        is still a status code before any byte is sent)."""
+    async def respond(self, stream: bool, include_usage: bool, x: Exchange) -> Any:
+        """The whole answer, or its events once the engine has every choice's first tokens (so a refusal,
+        429 or 503, is still a status code before any byte is sent)."""
         if stream:
-            seq, groups = await open_stream(prepared)
-            return EventStream(self._events(seq, groups, include_usage, x))
-        writer = self.logprobs
-        result: Completion = await complete(prepared, writer.add if writer is not None else None)
-        finish = OPENAI_FINISH[result["finish_reason"]]
-        choice = self.shape.choice((self._echo or "") + result["generated_text"], finish, _take(writer))
-        return self.envelope(self.shape.whole, [choice]) | {
-            "usage": _usage(result["prompt_tokens"], result["tokens"])
-        }
+            opened = await _all_or_none([open_stream(c.prepared) for c in self.choices], _close_opened)
+            return EventStream(self._events(opened, include_usage, x))
+        results: list[Completion] = await _all_or_none(
+            [complete(c.prepared, c.logprobs.add if c.logprobs is not None else None) for c in self.choices]
+        )
+        choices = [
+            self.shape.choice(
+                (c.echo or "") + r["generated_text"], OPENAI_FINISH[r["finish_reason"]], _take(c.logprobs)
+            )
+            | {"index": c.index}
+            for c, r in zip(self.choices, results, strict=True)
+        ]
+        usage = _usage(sum(r["prompt_tokens"] for r in results), sum(r["tokens"] for r in results))
+        return self.envelope(self.shape.whole, choices) | {"usage": usage}
 
     async def _events(
-        self, seq: Sequence, groups: AsyncIterator[list[TokenEvent]], include_usage: bool, x: Exchange
+        self,
+        opened: list[tuple[Sequence, AsyncIterator[list[TokenEvent]]]],
+        include_usage: bool,
+        x: Exchange,
     ) -> AsyncIterator[bytes]:
         kind = self.shape.chunk
+        streams = [groups for _, groups in opened]
         try:
-            opening = b"".join(sse(self.envelope(kind, [choice])) for choice in self.shape.opening)
-            async for group in groups:
-                chunks = [sse(self.envelope(kind, [c])) for e in group for c in self._chunk_choices(e)]
+            opening = b"".join(
+                sse(self.envelope(kind, [choice | {"index": c.index}]))
+                for c in self.choices
+                for choice in self.shape.opening
+            )
+            async for i, group in _merged(streams):
+                choice = self.choices[i]
+                chunks = [
+                    sse(self.envelope(kind, [c])) for e in group for c in self._chunk_choices(choice, e)
+                ]
                 if chunks or opening:  # a chat token that ends mid-character has no chunk yet
                     yield opening + b"".join(chunks)
                     opening = b""
             if include_usage:
-                yield sse(self.envelope(kind, []) | {"usage": _usage(len(seq.prompt), seq.streamed)})
+                prompt_tokens = sum(len(seq.prompt) for seq, _ in opened)
+                usage = _usage(prompt_tokens, sum(seq.streamed for seq, _ in opened))
+                yield sse(self.envelope(kind, []) | {"usage": usage})
         except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
             stream_failed(x, e)
             yield sse({"error": {"message": str(e), "type": "server_error"}})
         yield sse("[DONE]")
 
-    def _chunk_choices(self, event: TokenEvent) -> list[dict[str, Any]]:
-        """The event's chunk choices; the echoed prompt (completions only) opens the first one's text."""
-        choices = self.shape.chunk_choices(event, self.logprobs)
-        if self._echo is not None and choices:
-            choices[0] = choices[0] | {"text": self._echo + choices[0]["text"]}
-            self._echo = None
-        return choices
+    def _chunk_choices(self, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
+        """The event's chunk choices at the choice's place; the echoed prompt (completions only) opens its
+        first one's text."""
+        chunks = [c | {"index": choice.index} for c in self.shape.chunk_choices(event, choice.logprobs)]
+        if choice.echo is not None and chunks:
+            chunks[0] = chunks[0] | {"text": choice.echo + chunks[0]["text"]}
+            choice.echo = None
+        return chunks
+
+
+async def _all_or_none(
+    calls: list[Coroutine[Any, Any, T]], undo: Callable[[list[T]], Awaitable[None]] | None = None
+) -> list[T]:
+    """Every call's result, run together; if one fails, the others are cancelled (their sequences freed),
+    those that had finished are undone, and the first failure is raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        if undo is not None:
+            await undo([o for o in outcomes if not isinstance(o, BaseException)])
+        raise
+
+
+async def _close_opened(opened: list[tuple[Sequence, AsyncIterator[list[TokenEvent]]]]) -> None:
+    for _, groups in opened:
+        await groups.aclose()  # type: ignore[attr-defined]
+
+
+async def _merged(
+    streams: list[AsyncIterator[list[TokenEvent]]],
+) -> AsyncIterator[tuple[int, list[TokenEvent]]]:
+    """The streams' groups as they come, each with its stream's place; one stream is read as it is."""
+    if len(streams) == 1:
+        try:
+            async for group in streams[0]:
+                yield 0, group
+        finally:
+            await streams[0].aclose()  # type: ignore[attr-defined]
+        return
+    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    group = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, group
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 # -- the handlers -----------------------------------------------------------------------------------------
@@ -381,13 +467,15 @@ async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborat
     params = body.sampling(body.max_tokens, body.logprobs)
     if body.echo:
         params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
-    prepared = prepare(model, body.text, params, body.truncate_prompt, c.metrics, x)
-    writer = None
-    if body.logprobs is not None:
-        writer = LogprobWriter(model.encoder, chat=False, prompt=prepared.prompt if body.echo else None)
-    echo = model.encoder.decode(prepared.prompt) if body.echo else None
-    answer = Answer(COMPLETION, model.name, writer, echo)
-    return await answer.respond(prepared, body.stream, body.include_usage, x)
+    choices = []
+    for i, text in enumerate(body.texts):
+        prepared = prepare(model, text, params, body.truncate_prompt, c.metrics, x)
+        writer = None
+        if body.logprobs is not None:
+            writer = LogprobWriter(model.encoder, chat=False, prompt=prepared.prompt if body.echo else None)
+        echo = model.encoder.decode(prepared.prompt) if body.echo else None
+        choices.append(Choice(prepared, i, writer, echo))
+    return await Answer(COMPLETION, model.name, choices).respond(body.stream, body.include_usage, x)
 
 
 async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: Collaborators) -> Any:
@@ -406,4 +494,5 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
     params = body.sampling(body.token_limit(model.manifest.max_sequence_length), body.alternatives)
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
     writer = LogprobWriter(model.encoder, chat=True) if params.logprobs is not None else None
-    return await Answer(CHAT, model.name, writer).respond(prepared, body.stream, body.include_usage, x)
+    answer = Answer(CHAT, model.name, [Choice(prepared, 0, writer)])
+    return await answer.respond(body.stream, body.include_usage, x)

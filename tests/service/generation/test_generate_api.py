@@ -180,12 +180,14 @@ def test_token_id_prompts_get_one_clear_message(client: TestClient, prompt: Any)
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
-        ([], "prompt: give one string (batches of prompts are not supported)"),
-        (["a", "b"], "prompt: give one string (batches of prompts are not supported)"),
+        ([], "prompt: give a string or a list of 1 to 64 strings, not 0"),
+        (["a"] * 65, "prompt: give a string or a list of 1 to 64 strings, not 65"),
         ("  ", "prompt: the text is empty"),
-        ([""], "prompt: the text is empty"),
-        (None, "prompt: expected a string (or a list holding one string), got NoneType"),
-        ({"text": "hi"}, "prompt: expected a string (or a list holding one string), got dict"),
+        ([""], "prompt: the text is empty (prompt 0)"),
+        (["a", " "], "prompt: the text is empty (prompt 1)"),
+        (["a", None], "prompt: expected a string (or a list of strings), got NoneType (prompt 1)"),
+        (None, "prompt: expected a string (or a list of strings), got NoneType"),
+        ({"text": "hi"}, "prompt: expected a string (or a list of strings), got dict"),
     ],
 )
 def test_other_bad_completion_prompts(client: TestClient, prompt: Any, message: str) -> None:
