@@ -14,12 +14,13 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from service.batching import all_or_none
 from service.exchange import Exchange
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.chat_template import ChatTemplateError
@@ -38,7 +39,6 @@ from service.tasks.generation_base import (
 from service.tasks.openai_logprobs import LogprobWriter
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
-T = TypeVar("T")
 
 
 # -- requests ---------------------------------------------------------------------------------------------
@@ -350,10 +350,10 @@ class Answer:
         """The whole answer, or its events once the engine has every choice's first tokens (so a refusal,
         429 or 503, is still a status code before any byte is sent)."""
         if stream:
-            opened = await _all_or_none([open_stream(c.prepared) for c in self.choices], _close_opened)
+            opened = await _open_all([c.prepared for c in self.choices])
             return EventStream(self._events(opened, include_usage, x))
-        results: list[Completion] = await _all_or_none(
-            [complete(c.prepared, c.logprobs.add if c.logprobs is not None else None) for c in self.choices]
+        results: list[Completion] = await all_or_none(
+            complete(c.prepared, c.logprobs.add if c.logprobs is not None else None) for c in self.choices
         )
         choices = [
             self.shape.choice(
@@ -406,26 +406,22 @@ class Answer:
         return chunks
 
 
-async def _all_or_none(
-    calls: list[Coroutine[Any, Any, T]], undo: Callable[[list[T]], Awaitable[None]] | None = None
-) -> list[T]:
-    """Every call's result, run together; if one fails, the others are cancelled (their sequences freed),
-    those that had finished are undone, and the first failure is raised."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
+async def _open_all(prepared: list[Prepared]) -> list[tuple[Sequence, AsyncIterator[list[TokenEvent]]]]:
+    """Every prompt's stream opened together (their first tokens in); if one is refused, those opened are
+    closed (their sequences freed) and the refusal raised."""
+    opened: list[AsyncIterator[list[TokenEvent]]] = []
+
+    async def open_one(p: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
+        seq, groups = await open_stream(p)
+        opened.append(groups)
+        return seq, groups
+
     try:
-        return list(await asyncio.gather(*tasks))
+        return await all_or_none(open_one(p) for p in prepared)
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        if undo is not None:
-            await undo([o for o in outcomes if not isinstance(o, BaseException)])
+        for groups in opened:
+            await groups.aclose()  # type: ignore[attr-defined]
         raise
-
-
-async def _close_opened(opened: list[tuple[Sequence, AsyncIterator[list[TokenEvent]]]]) -> None:
-    for _, groups in opened:
-        await groups.aclose()  # type: ignore[attr-defined]
 
 
 async def _merged(

@@ -13,7 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from service.tasks.openai_generation import _all_or_none, _merged
+from service.generation.sampling import SamplingParams
+from service.generation.sequence import Sequence, TokenEvent
+from service.tasks.generation_base import Prepared
+from service.tasks.openai_generation import _merged, _open_all
 from tests.service.live_server import LiveServer, live_server
 from tests.service.tasks.test_openai_generation import CHAT, openai_client
 from tests.service.tasks.test_openai_generation import repository as repository  # the module's fixture
@@ -79,37 +82,6 @@ def test_a_prompt_too_long_refuses_the_whole_list(server: LiveServer) -> None:
     assert r.status_code == 400 and "the prompt is" in r.json()["error"]["message"]
 
 
-def test_one_failure_cancels_the_rest_and_undoes_what_finished() -> None:
-    cancelled: list[int] = []
-    undone: list[list[int]] = []
-
-    async def finishes(n: int) -> int:
-        return n
-
-    async def fails() -> int:
-        await asyncio.sleep(0.01)
-        raise RuntimeError("no slot")
-
-    async def runs_long(n: int) -> int:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(n)
-            raise
-        return n
-
-    async def undo(done: list[int]) -> None:
-        undone.append(done)
-
-    async def main() -> None:
-        assert await _all_or_none([finishes(1), finishes(2)], undo) == [1, 2]
-        with pytest.raises(RuntimeError, match="no slot"):
-            await _all_or_none([finishes(1), fails(), runs_long(3)], undo)
-
-    asyncio.run(main())
-    assert cancelled == [3] and undone == [[1]]
-
-
 def test_merged_streams_interleave_as_their_groups_come_and_all_close() -> None:
     closed: list[int] = []
 
@@ -127,3 +99,39 @@ def test_merged_streams_interleave_as_their_groups_come_and_all_close() -> None:
 
     assert asyncio.run(main()) == [(0, ["0.0"]), (1, ["1.0"]), (1, ["1.1"]), (0, ["0.1"]), (0, ["0.2"])]
     assert sorted(closed) == [0, 1]
+
+
+class FakeStreams:
+    """An engine's stream side: a prompt [0] is refused at submission; others stream one group, then wait."""
+
+    def __init__(self) -> None:
+        self.closed: list[int] = []
+
+    def submit(self, prompt: list[int], params: Any, traced: bool = False) -> Sequence:
+        if prompt == [0]:
+            raise RuntimeError("queue full")
+        return Sequence(prompt=prompt, params=params)
+
+    async def stream_groups(self, seq: Sequence) -> AsyncIterator[list[TokenEvent]]:
+        try:
+            yield [TokenEvent(1, "a")]
+            await asyncio.sleep(10)
+        finally:
+            self.closed.append(seq.prompt[0])
+
+
+def test_a_refused_prompt_closes_the_streams_already_open() -> None:
+    engine = FakeStreams()
+    params = SamplingParams()
+
+    async def main() -> None:
+        ready = [Prepared(engine, [n], params) for n in (1, 2)]  # type: ignore[arg-type]
+        opened = await _open_all(ready)
+        assert [seq.prompt for seq, _ in opened] == [[1], [2]]
+        for _, groups in opened:
+            await groups.aclose()  # type: ignore[attr-defined]
+        with pytest.raises(RuntimeError, match="queue full"):
+            await _open_all([Prepared(engine, [n], params) for n in (3, 0, 4)])  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert sorted(engine.closed) == [1, 2, 3, 4]  # none left running for nobody
