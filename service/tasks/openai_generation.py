@@ -22,6 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from service.batching import all_or_none
 from service.exchange import Exchange
+from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.chat_template import ChatTemplateError
 from service.tasks.contract import Collaborators, EventStream, InvalidInputError
@@ -39,6 +40,9 @@ from service.tasks.generation_base import (
 from service.tasks.openai_logprobs import LogprobWriter
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+MAX_PROMPTS = 64  # prompts one completions request may carry (each one a choice, all decoded together)
+MAX_N = 16  # answers per prompt (OpenAI's `n`)
+MAX_CHOICES = 64  # prompts x n in one request
 
 
 # -- requests ---------------------------------------------------------------------------------------------
@@ -56,7 +60,13 @@ class OpenAIRequest(SamplingFields):
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0.0, le=5.0)
-    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    n: int = Field(
+        1,
+        ge=1,
+        le=MAX_N,
+        description="Answers per prompt (choice i * n + j: prompt i's j-th); with a seed, the j-th samples "
+        "with seed + j.",
+    )
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = Field(None, description="Not supported: null or empty.")
@@ -82,8 +92,11 @@ class OpenAIRequest(SamplingFields):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
-
-MAX_PROMPTS = 64  # prompts one completions request may carry (each one a choice, all decoded together)
+    def samples(self, params: SamplingParams) -> list[SamplingParams]:
+        """The n answers' sampling: the j-th with seed + j when a seed is given (each reproducible)."""
+        if params.seed is None:
+            return [params] * self.n
+        return [dataclasses.replace(params, seed=(params.seed + j) % 2**63) for j in range(self.n)]
 
 
 def _completion_prompt(value: Any) -> str | list[str]:
@@ -138,6 +151,12 @@ class CompletionRequest(OpenAIRequest):
     @property
     def texts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+
+    @model_validator(mode="after")
+    def _choices_in_bounds(self) -> CompletionRequest:
+        if len(self.texts) * self.n > MAX_CHOICES:
+            raise ValueError(f"{len(self.texts)} prompts x n {self.n} is more than {MAX_CHOICES} choices")
+        return self
 
 
 def _message_content(value: Any) -> Any:
@@ -324,6 +343,7 @@ class Choice:
     index: int = 0
     logprobs: LogprobWriter | None = None
     echo: str | None = None
+    counts_prompt: bool = True  # usage counts a prompt once, however many answers it gets
 
 
 class Answer:
@@ -362,7 +382,10 @@ class Answer:
             | {"index": c.index}
             for c, r in zip(self.choices, results, strict=True)
         ]
-        usage = _usage(sum(r["prompt_tokens"] for r in results), sum(r["tokens"] for r in results))
+        prompt_tokens = sum(
+            r["prompt_tokens"] for c, r in zip(self.choices, results, strict=True) if c.counts_prompt
+        )
+        usage = _usage(prompt_tokens, sum(r["tokens"] for r in results))
         return self.envelope(self.shape.whole, choices) | {"usage": usage}
 
     async def _events(
@@ -388,7 +411,11 @@ class Answer:
                     yield opening + b"".join(chunks)
                     opening = b""
             if include_usage:
-                prompt_tokens = sum(len(seq.prompt) for seq, _ in opened)
+                prompt_tokens = sum(
+                    len(seq.prompt)
+                    for c, (seq, _) in zip(self.choices, opened, strict=True)
+                    if c.counts_prompt
+                )
                 usage = _usage(prompt_tokens, sum(seq.streamed for seq, _ in opened))
                 yield sse(self.envelope(kind, []) | {"usage": usage})
         except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
@@ -466,11 +493,15 @@ async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborat
     choices = []
     for i, text in enumerate(body.texts):
         prepared = prepare(model, text, params, body.truncate_prompt, c.metrics, x)
-        writer = None
-        if body.logprobs is not None:
-            writer = LogprobWriter(model.encoder, chat=False, prompt=prepared.prompt if body.echo else None)
         echo = model.encoder.decode(prepared.prompt) if body.echo else None
-        choices.append(Choice(prepared, i, writer, echo))
+        for j, sample in enumerate(body.samples(prepared.params)):
+            writer = None
+            if body.logprobs is not None:
+                writer = LogprobWriter(
+                    model.encoder, chat=False, prompt=prepared.prompt if body.echo else None
+                )
+            one = dataclasses.replace(prepared, params=sample)
+            choices.append(Choice(one, i * body.n + j, writer, echo, counts_prompt=j == 0))
     return await Answer(COMPLETION, model.name, choices).respond(body.stream, body.include_usage, x)
 
 
@@ -489,6 +520,13 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
         ) from None
     params = body.sampling(body.token_limit(model.manifest.max_sequence_length), body.alternatives)
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
-    writer = LogprobWriter(model.encoder, chat=True) if params.logprobs is not None else None
-    answer = Answer(CHAT, model.name, [Choice(prepared, 0, writer)])
-    return await answer.respond(body.stream, body.include_usage, x)
+    choices = [
+        Choice(
+            dataclasses.replace(prepared, params=sample),
+            j,
+            LogprobWriter(model.encoder, chat=True) if params.logprobs is not None else None,
+            counts_prompt=j == 0,
+        )
+        for j, sample in enumerate(body.samples(prepared.params))
+    ]
+    return await Answer(CHAT, model.name, choices).respond(body.stream, body.include_usage, x)

@@ -216,7 +216,7 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
             "messages.0.tool_calls: Extra inputs are not permitted",
             "messages.0.tool_calls",
         ),
-        ({"n": 2}, 400, "n: Input should be less than or equal to 1", "n"),
+        ({"n": 17}, 400, "n: Input should be less than or equal to 16", "n"),
         ({"tools": [{"type": "function"}]}, 400, "not supported by this server: tools", None),
         ({"presence_penalty": 0.5}, 400, "not supported by this server: presence_penalty", None),
         ({"temperature": "0"}, 400, "temperature: Input should be a valid number", "temperature"),

@@ -82,6 +82,42 @@ def test_a_prompt_too_long_refuses_the_whole_list(server: LiveServer) -> None:
     assert r.status_code == 400 and "the prompt is" in r.json()["error"]["message"]
 
 
+def test_n_answers_per_prompt_each_reproducible_by_its_seed(server: LiveServer) -> None:
+    client = openai_client(server)
+    ask: dict[str, Any] = {"model": CHAT, "max_tokens": 8, "temperature": 1.5, "seed": 7}
+    three = client.completions.create(prompt=PROMPTS[:2], n=3, **ask)
+    assert [c.index for c in three.choices] == list(range(6))  # prompt i's j-th answer at i * 3 + j
+    for i, prompt in enumerate(PROMPTS[:2]):
+        for j in range(3):  # the j-th answer is the one seed + j gives alone
+            alone = client.completions.create(prompt=prompt, **{**ask, "seed": 7 + j})
+            assert three.choices[i * 3 + j].text == alone.choices[0].text
+    assert len({c.text for c in three.choices[:3]}) > 1  # sampled apart
+    single = [client.completions.create(prompt=p, **ask) for p in PROMPTS[:2]]
+    assert three.usage is not None and three.usage.prompt_tokens == sum(
+        s.usage.prompt_tokens for s in single if s.usage
+    )  # a prompt counts once
+
+    chat = client.chat.completions.create(
+        model=CHAT,
+        messages=[{"role": "user", "content": "Hi"}],
+        n=2,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    texts: dict[int, str] = {}
+    for chunk in chat:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert sorted(texts) == [0, 1] and texts[0] == texts[1]  # greedy: the same answer twice
+
+
+def test_too_many_choices_are_refused(server: LiveServer) -> None:
+    body = {"model": CHAT, "prompt": ["hi"] * 40, "n": 2, "max_tokens": 2}
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and "40 prompts x n 2 is more than 64 choices" in r.json()["error"]["message"]
+
+
 def test_merged_streams_interleave_as_their_groups_come_and_all_close() -> None:
     closed: list[int] = []
 
