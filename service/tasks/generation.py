@@ -43,12 +43,8 @@ from service.tasks.generation_base import (
     stream_failed,
     text_pieces,
 )
-from service.tasks.openai_generation import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    handle_chat_completions,
-    handle_completions,
-)
+from service.tasks.openai_generation import handle_chat_completions, handle_completions
+from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
 
 # -- /v1/generate -----------------------------------------------------------------------------------------
 

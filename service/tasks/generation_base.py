@@ -15,6 +15,7 @@ would make a span of thousands of events: the count and the span's length tell t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
+from service.batching import all_or_none
 from service.exchange import Attribute, Event, Exchange, Phase
 from service.generation.engine import TokenStreams
 from service.generation.sampling import SamplingParams
@@ -182,6 +184,55 @@ async def open_stream(prepared: Prepared) -> tuple[Sequence, AsyncIterator[list[
         await groups.aclose()
         raise
     return seq, _prepend(first, groups, prepared, seq)
+
+
+async def open_streams(prepared: list[Prepared]) -> list[tuple[Sequence, AsyncIterator[list[TokenEvent]]]]:
+    """Every prompt's stream opened together (their first tokens in); if one is refused, those opened are
+    closed (their sequences freed) and the refusal raised."""
+    opened: list[AsyncIterator[list[TokenEvent]]] = []
+
+    async def open_one(p: Prepared) -> tuple[Sequence, AsyncIterator[list[TokenEvent]]]:
+        seq, groups = await open_stream(p)
+        opened.append(groups)
+        return seq, groups
+
+    try:
+        return await all_or_none(open_one(p) for p in prepared)
+    except BaseException:
+        for groups in opened:
+            await groups.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def merged_streams(
+    streams: list[AsyncIterator[list[TokenEvent]]],
+) -> AsyncIterator[tuple[int, list[TokenEvent]]]:
+    """The streams' groups as they come, each with its stream's place; one stream is read as it is."""
+    if len(streams) == 1:
+        try:
+            async for group in streams[0]:
+                yield 0, group
+        finally:
+            await streams[0].aclose()  # type: ignore[attr-defined]
+        return
+    pending = {asyncio.ensure_future(anext(stream)): i for i, stream in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    group = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, group
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 async def _prepend(

@@ -15,8 +15,7 @@ import pytest
 
 from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
-from service.tasks.generation_base import Prepared
-from service.tasks.openai_generation import _merged, _open_all
+from service.tasks.generation_base import Prepared, merged_streams, open_streams
 from tests.service.live_server import LiveServer, live_server
 from tests.service.tasks.test_openai_generation import CHAT, openai_client
 from tests.service.tasks.test_openai_generation import repository as repository  # the module's fixture
@@ -131,7 +130,7 @@ def test_merged_streams_interleave_as_their_groups_come_and_all_close() -> None:
 
     async def main() -> list[tuple[int, list[Any]]]:
         streams = [stream(0, [0.0, 0.05, 0.05]), stream(1, [0.02, 0.0])]
-        return [item async for item in _merged(streams)]  # type: ignore[arg-type]
+        return [item async for item in merged_streams(streams)]  # type: ignore[arg-type]
 
     assert asyncio.run(main()) == [(0, ["0.0"]), (1, ["1.0"]), (1, ["1.1"]), (0, ["0.1"]), (0, ["0.2"])]
     assert sorted(closed) == [0, 1]
@@ -162,12 +161,12 @@ def test_a_refused_prompt_closes_the_streams_already_open() -> None:
 
     async def main() -> None:
         ready = [Prepared(engine, [n], params) for n in (1, 2)]  # type: ignore[arg-type]
-        opened = await _open_all(ready)
+        opened = await open_streams(ready)
         assert [seq.prompt for seq, _ in opened] == [[1], [2]]
         for _, groups in opened:
             await groups.aclose()  # type: ignore[attr-defined]
         with pytest.raises(RuntimeError, match="queue full"):
-            await _open_all([Prepared(engine, [n], params) for n in (3, 0, 4)])  # type: ignore[arg-type]
+            await open_streams([Prepared(engine, [n], params) for n in (3, 0, 4)])  # type: ignore[arg-type]
 
     asyncio.run(main())
     assert sorted(engine.closed) == [1, 2, 3, 4]  # none left running for nobody
