@@ -86,8 +86,8 @@ def test_openai_errors_are_clear(server: LiveServer) -> None:
     client = OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(NotFoundError, match="'no-such-model' is not served"):
         client.completions.create(model="no-such-model", prompt="hi", max_tokens=4)
-    with pytest.raises(BadRequestError, match="n: Input should be less than or equal to 1"):
-        client.completions.create(model=LM, prompt="hi", max_tokens=4, n=2)
+    with pytest.raises(BadRequestError, match="n: Input should be less than or equal to 16"):
+        client.completions.create(model=LM, prompt="hi", max_tokens=4, n=17)
     assert LM in {m.id for m in client.models.list()}
     assert client.models.retrieve(LM).id == LM
     with pytest.raises(NotFoundError, match="'nope' is not served"):
