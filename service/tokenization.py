@@ -143,6 +143,11 @@ class TextEncoder:
             )
         ]
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids below this name a token (added tokens included)."""
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)
 

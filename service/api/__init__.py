@@ -2,7 +2,7 @@
 
 from fastapi import FastAPI
 
-from service.api import health, models, tei, v2, v2_extensions, v2_generate
+from service.api import health, models, tei, tokenizer, v2, v2_extensions, v2_generate
 from service.api.task_route import task_routes
 
 
@@ -23,6 +23,7 @@ def add_routes(app: FastAPI) -> None:
         v2.router,
         models.router,
         tei.router,
+        tokenizer.router,
         health.router,
     )
     for router in routers:

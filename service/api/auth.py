@@ -1,5 +1,5 @@
-"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2 and TEI's
-paths (/embed, /predict, /tokenize, /info).
+"""Optional API keys (pure ASGI, so routes stay unaware): `Authorization: Bearer <key>` on /v1, /v2, TEI's
+paths (/embed, /predict, /tokenize, /info) and vLLM's tokenizer routes (/detokenize, /tokenizer_info).
 
 Probes and docs stay open (a load balancer or an orchestrator has no key); /metrics too unless
 `protect_metrics`. Keys are compared in constant time against every key, as SHA-256 digests, so neither
@@ -20,6 +20,7 @@ from service.api.errors import TEI_PATHS, UnauthorizedError, response_for
 from service.settings import Settings
 
 PROTECTED_PREFIXES = ("/v1/", "/v2/")
+TOP_LEVEL_PATHS = ("/info", "/detokenize", "/tokenizer_info")  # TEI's and vLLM's routes outside /v1
 CHALLENGE = 'Bearer realm="distilserve"'
 
 
@@ -89,7 +90,7 @@ class ApiKeyMiddleware:
     def protects(self, path: str) -> bool:
         if path.startswith("/v2/health/"):  # liveness/readiness probes (Kubernetes) carry no key
             return False
-        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", "/info", *TEI_PATHS):
+        if path.startswith(PROTECTED_PREFIXES) or path in ("/v1", "/v2", *TOP_LEVEL_PATHS, *TEI_PATHS):
             return True
         return self._protect_metrics and (path == "/metrics" or path.startswith("/metrics/"))
 

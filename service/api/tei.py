@@ -1,24 +1,21 @@
-"""text-embeddings-inference's routes that belong to no task: `POST /tokenize` (each text's tokens with
-their ids, their pieces of the text and whether they are special; `add_special_tokens`, default true) and
-`GET /info` (the model and the server's limits, in TEI's shape, for classifiers and embedding models). TEI
-serves one model; here `model` names one, and may be left out when the server serves one. Offsets count
-characters. (/embed and /predict are their tasks' endpoints: service.tasks.)"""
+"""text-embeddings-inference's `GET /info`: the model and the server's limits, in TEI's shape, for classifiers
+and embedding models. TEI serves one model; here `model` names one, and may be left out when the server
+serves one. (TEI's /tokenize is service.api.tokenizer's, beside vLLM's; /embed and /predict are their
+tasks' endpoints: service.tasks.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from service.api.deps import collaborators, json_collaborators
+from service.api.deps import collaborators
 from service.api.schemas import ERRORS
-from service.exchange import exchange_of
 from service.registry import AmbiguousModelError
 from service.served import ServedModel
 from service.settings import frontend_count
-from service.tasks.common import check_chars
-from service.tasks.contract import Collaborators, InvalidInputError, Texts
+from service.tasks.contract import Collaborators, InvalidInputError
 
 router = APIRouter(tags=["embeddings"])
 DTYPES = {"fp32": "float32", "optimized": "float32", "fp16": "float16", "int8": "int8"}
@@ -30,49 +27,6 @@ def named_model(c: Collaborators, name: str | None) -> ServedModel:
     if name is None and len(names) != 1:
         raise AmbiguousModelError(f"{len(names)} models are served ({', '.join(names)}): name one in `model`")
     return c.registry.get(name or names[0])
-
-
-# -- /tokenize --------------------------------------------------------------------------------------------
-
-
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    inputs: Texts = Field(..., description="One text or a list of texts.", examples=["I loved this film"])
-    add_special_tokens: bool = Field(True, description="The model's special tokens around the text.")
-    prompt_name: str | None = Field(None, description="Not supported: must be null.")
-    model: str | None = Field(None, description="Model name; may be left out when one model is served.")
-
-
-class SimpleToken(BaseModel):
-    id: int
-    text: str
-    special: bool
-    start: int | None = Field(description="The token's first character in the text; null: special.")
-    stop: int | None = Field(description="Past its last character; null: special.")
-
-
-@router.post(
-    "/tokenize",
-    response_model=list[list[SimpleToken]],
-    responses=ERRORS,
-    summary="text-embeddings-inference's /tokenize: each text's tokens, a list per text.",
-)
-async def tokenize(
-    request: Request, body: TokenizeRequest, c: Collaborators = Depends(json_collaborators)
-) -> list[list[SimpleToken]]:
-    if body.prompt_name is not None:
-        raise InvalidInputError(
-            "prompt_name is not supported: the models have no prompts", param="prompt_name"
-        )
-    x = exchange_of(request.scope)
-    model = named_model(c, body.model)
-    texts = c.texts(body.inputs, x)
-    check_chars(texts, x)
-    return [
-        [SimpleToken(**vars(t)) for t in model.encoder.tokens(text, body.add_special_tokens)]
-        for text in texts
-    ]
 
 
 # -- /info ------------------------------------------------------------------------------------------------

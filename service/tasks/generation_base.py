@@ -111,24 +111,31 @@ class Prepared:
 
 def prepare(
     model: ServedModel,
-    prompt: str,
+    prompt: str | list[int],
     params: SamplingParams,
     truncate_prompt: bool,
     metrics: Metrics,
     x: Exchange,
     rendered: bool = False,
 ) -> Prepared:
-    """Tokenize; keep the prompt inside the window and the engine's cache budget (422, or its last tokens
-    when asked); cap the output to the room both leave, so the engine's admission never refuses it.
+    """Tokenize (a prompt given as token ids is taken as it is, each checked against the vocabulary); keep
+    the prompt inside the window and the engine's cache budget (422, or its last tokens when asked); cap the
+    output to the room both leave, so the engine's admission never refuses it.
 
     `rendered`: the prompt is a chat template's output, which holds its special tokens already (the
     tokenizer must not add a BOS again, as `apply_chat_template` does not)."""
     if model.generator is None:
         raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
-    check_chars([prompt], x, "rendered chat prompt" if rendered else "prompt")
-    with tokenizing(metrics, model, x):
-        encoded = model.encoder.encode_untruncated(prompt, add_special_tokens=not rendered)
-        ids = [int(t) for t in encoded.input_ids]
+    if isinstance(prompt, list):
+        ids = prompt
+        vocab = model.encoder.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidInputError(f"token ids must be in [0, {vocab}): the vocabulary of {model.name!r}")
+    else:
+        check_chars([prompt], x, "rendered chat prompt" if rendered else "prompt")
+        with tokenizing(metrics, model, x):
+            encoded = model.encoder.encode_untruncated(prompt, add_special_tokens=not rendered)
+            ids = [int(t) for t in encoded.input_ids]
     if not ids:
         raise InvalidInputError("the prompt encodes to no tokens")
     window, budget = model.manifest.max_sequence_length, model.generator.max_cached_tokens

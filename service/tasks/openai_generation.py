@@ -244,8 +244,8 @@ async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborat
     if body.echo:
         params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
     choices = []
-    for i, text in enumerate(body.texts):
-        prepared = prepare(model, text, params, body.truncate_prompt, c.metrics, x)
+    for i, prompt in enumerate(body.prompts):
+        prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x)
         echo = model.encoder.decode(prepared.prompt) if body.echo else None
         for j, sample in enumerate(body.samples(prepared.params)):
             writer = None

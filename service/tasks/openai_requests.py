@@ -67,31 +67,50 @@ class OpenAIRequest(SamplingFields):
         return [dataclasses.replace(params, seed=(params.seed + j) % 2**63) for j in range(self.n)]
 
 
-def _completion_prompt(value: Any) -> str | list[str]:
-    """One clear message per wrong shape before the union is tried (its per-branch errors are noise);
-    OpenAI also takes token ids, which this server does not."""
-    texts = value if isinstance(value, list) else [value]
-    if any(isinstance(x, list) or (isinstance(x, int) and not isinstance(x, bool)) for x in texts):
-        raise ValueError("token-id prompts are not supported; send the prompt as text")
-    if not 1 <= len(texts) <= MAX_PROMPTS:
-        raise ValueError(f"give a string or a list of 1 to {MAX_PROMPTS} strings, not {len(texts)}")
-    for i, text in enumerate(texts):
-        at = f" (prompt {i})" if isinstance(value, list) else ""
-        if not isinstance(text, str):
-            raise ValueError(f"expected a string (or a list of strings), got {type(text).__name__}{at}")
-        if not text.strip():
-            raise ValueError(f"the text is empty{at}")
+def _completion_prompt(value: Any) -> str | list[str] | list[int] | list[list[int]]:
+    """A text, token ids, or a list of either (one choice each); one clear message per wrong shape before
+    the union is tried (its per-branch errors are noise)."""
+    if _token_ids(value):
+        prompts: list[Any] = [value]
+    elif isinstance(value, list) and value and all(_token_ids(p) for p in value):
+        prompts = value
+    else:
+        prompts = value if isinstance(value, list) else [value]
+        for i, text in enumerate(prompts):
+            at = f" (prompt {i})" if isinstance(value, list) else ""
+            if not isinstance(text, str):
+                kind = type(text).__name__
+                raise ValueError(
+                    f"expected a string, token ids, or a list of either (one kind), got {kind}{at}"
+                )
+            if not text.strip():
+                raise ValueError(f"the text is empty{at}")
+    if not 1 <= len(prompts) <= MAX_PROMPTS:
+        raise ValueError(f"give a prompt or a list of 1 to {MAX_PROMPTS}, not {len(prompts)}")
     return value
 
 
-CompletionPrompt = Annotated[str | list[str], BeforeValidator(_completion_prompt)]
+def _token_ids(value: Any) -> bool:
+    """A non-empty list of ints (JSON integers, not booleans)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+CompletionPrompt = Annotated[
+    str | list[str] | list[int] | list[list[int]], BeforeValidator(_completion_prompt)
+]
 
 
 class CompletionRequest(OpenAIRequest):
     """OpenAI's /v1/completions request."""
 
     prompt: CompletionPrompt = Field(
-        ..., description=f"A string, or a list of up to {MAX_PROMPTS}: one choice each (`index`: its place)."
+        ...,
+        description=f"A string or token ids, or a list of up to {MAX_PROMPTS} of either: one choice each "
+        "(`index`: its place).",
     )
     max_tokens: int = Field(16, ge=1, le=4096)
     echo: bool = Field(
@@ -117,13 +136,15 @@ class CompletionRequest(OpenAIRequest):
         return mine + super().unsupported()
 
     @property
-    def texts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text or its token ids."""
+        value: Any = self.prompt
+        return [value] if isinstance(value, str) or _token_ids(value) else list(value)
 
     @model_validator(mode="after")
     def _choices_in_bounds(self) -> CompletionRequest:
-        if len(self.texts) * self.n > MAX_CHOICES:
-            raise ValueError(f"{len(self.texts)} prompts x n {self.n} is more than {MAX_CHOICES} choices")
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ValueError(f"{len(self.prompts)} prompts x n {self.n} is more than {MAX_CHOICES} choices")
         return self
 
 

@@ -47,6 +47,8 @@ def metrics_protected(tiny_repository: Path) -> Iterator[TestClient]:
         ("POST", "/predict"),
         ("POST", "/tokenize"),
         ("GET", "/info"),
+        ("POST", "/detokenize"),
+        ("GET", "/tokenizer_info"),
     ],
 )
 def test_no_key_is_401_with_a_bearer_challenge(client: TestClient, method: str, path: str) -> None:

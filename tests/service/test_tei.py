@@ -60,7 +60,7 @@ def test_special_tokens_can_be_left_out_and_a_list_gets_a_list_each(client: Test
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"inputs": TEXT}, 422, "models are served"),
+        ({"inputs": TEXT}, 422, "models with different tokenizers are served"),
         ({"inputs": TEXT, "model": "nope"}, 404, "'nope' is not served"),
         ({"inputs": "", "model": CLS}, 422, "empty"),
         ({"inputs": TEXT, "model": CLS, "prompt_name": "query"}, 413, "prompt_name is not supported"),

@@ -171,23 +171,45 @@ def test_completions_take_json_types_strictly(client: TestClient, field: str, va
     assert message.startswith(f"{field}: "), message
 
 
-@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3]], [7]])
-def test_token_id_prompts_get_one_clear_message(client: TestClient, prompt: Any) -> None:
-    message = error(client.post("/v1/completions", json={"prompt": prompt}))
-    assert message == "prompt: token-id prompts are not supported; send the prompt as text"
+def test_token_id_prompts_answer_as_their_text_does(client: TestClient) -> None:
+    """vLLM's and lm-evaluation-harness's token-id prompts: the ids the server's own tokenizer gives."""
+    ids = client.post("/tokenize", json={"model": LM, "prompt": "Acme was founded"}).json()["tokens"]
+    body = {"model": LM, "max_tokens": 4, "temperature": 0}
+    text = client.post("/v1/completions", json={**body, "prompt": "Acme was founded"}).json()["choices"]
+    by_ids = client.post("/v1/completions", json={**body, "prompt": ids}).json()["choices"]
+    assert by_ids[0]["text"] == text[0]["text"]
+    both = client.post("/v1/completions", json={**body, "prompt": [ids, ids[:2]], "echo": True}).json()
+    detokenized = client.post("/detokenize", json={"model": LM, "tokens": ids}).json()["prompt"]
+    assert both["choices"][0]["text"] == detokenized + text[0]["text"]  # echoed as the ids spell it
 
 
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
-        ([], "prompt: give a string or a list of 1 to 64 strings, not 0"),
-        (["a"] * 65, "prompt: give a string or a list of 1 to 64 strings, not 65"),
+        ([1, 2, 10**9], "token ids must be in [0, "),
+        ([[1, 2], [-1]], "token ids must be in [0, "),
+        ([[1, 2], "text"], "prompt: expected a string, token ids, or a list of either (one kind), got list"),
+        ([[]], "prompt: expected a string, token ids, or a list of either (one kind), got list (prompt 0)"),
+    ],
+)
+def test_bad_token_id_prompts_are_clear(client: TestClient, prompt: Any, message: str) -> None:
+    assert message in error(client.post("/v1/completions", json={"model": LM, "prompt": prompt}))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "prompt: give a prompt or a list of 1 to 64, not 0"),
+        (["a"] * 65, "prompt: give a prompt or a list of 1 to 64, not 65"),
         ("  ", "prompt: the text is empty"),
         ([""], "prompt: the text is empty (prompt 0)"),
         (["a", " "], "prompt: the text is empty (prompt 1)"),
-        (["a", None], "prompt: expected a string (or a list of strings), got NoneType (prompt 1)"),
-        (None, "prompt: expected a string (or a list of strings), got NoneType"),
-        ({"text": "hi"}, "prompt: expected a string (or a list of strings), got dict"),
+        (
+            ["a", None],
+            "prompt: expected a string, token ids, or a list of either (one kind), got NoneType (prompt 1)",
+        ),
+        (None, "prompt: expected a string, token ids, or a list of either (one kind), got NoneType"),
+        ({"text": "hi"}, "prompt: expected a string, token ids, or a list of either (one kind), got dict"),
     ],
 )
 def test_other_bad_completion_prompts(client: TestClient, prompt: Any, message: str) -> None:

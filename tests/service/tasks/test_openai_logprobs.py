@@ -217,3 +217,35 @@ def test_bad_logprobs_requests_are_400s(
     )
     r = httpx.post(f"{server.base_url}/v1/{path}", json=body | change, timeout=30)
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_lm_evaluation_harness_loglikelihood_flow(server: LiveServer, reference: tuple[Any, Any]) -> None:
+    """What lm-evaluation-harness's `local-completions` does for `loglikelihood`, step by step: its remote
+    tokenizer (GET /tokenizer_info, POST /tokenize), then token-id prompts of context + continuation with
+    `echo`, `logprobs: 1`, `max_tokens: 1`, parsed as it parses them; the scores are PyTorch's."""
+    model, _ = reference
+    base = server.base_url
+    assert "eos_token" in httpx.get(f"{base}/tokenizer_info", params={"model": CHAT}, timeout=30).json()
+    pairs = [("Acme was founded", " by John Smith"), ("I loved this", " film, it was wonderful")]
+
+    def ids(text: str) -> list[int]:
+        body = {"model": CHAT, "prompt": text, "add_special_tokens": False}
+        return httpx.post(f"{base}/tokenize", json=body, timeout=30).json()["tokens"]
+
+    requests = [(ids(context), ids(continuation)) for context, continuation in pairs]
+    payload = {"model": CHAT, "prompt": [c + t for c, t in requests], "temperature": 0, "max_tokens": 1}
+    out = httpx.post(
+        f"{base}/v1/completions", json=payload | {"logprobs": 1, "echo": True, "seed": 1234}
+    ).json()
+    for choice, (context, continuation) in zip(
+        sorted(out["choices"], key=lambda c: c["index"]), requests, strict=True
+    ):
+        ctxlen = len(context)
+        scores = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+        tops = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+        is_greedy = all(score == max(top.values()) for score, top in zip(scores, tops, strict=True))
+        expected = torch_logprobs(model, context, continuation)
+        reference_scores = [row[t] for row, t in zip(expected, continuation, strict=True)]
+        assert sum(scores) == pytest.approx(sum(reference_scores), abs=1e-3)
+        greedy = all(row.argmax() == t for row, t in zip(expected, continuation, strict=True))
+        assert is_greedy == greedy
