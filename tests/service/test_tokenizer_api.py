@@ -6,7 +6,6 @@ lm-evaluation-harness's remote tokenizer sends)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,8 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from tests.conftest import TASK_MODEL_NAMES
-
-LM = TASK_MODEL_NAMES["text-generation"]
-TEXT = "Acme was founded by John Smith in 1950."
-
-
-@pytest.fixture(scope="module")
-def client(tiny_repository: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(model_repository=tiny_repository))) as c:
-        yield c
+from tests.service.test_tei import LM, TEXT
+from tests.service.test_tei import client as client  # the tiny repository's app, one per module
 
 
 @pytest.fixture(scope="module")
