@@ -21,7 +21,7 @@ from typing import Any
 
 from service.batching import all_or_none
 from service.exchange import Exchange
-from service.generation.sequence import Sequence, TokenEvent
+from service.generation.sequence import FinishReason, Sequence, TokenEvent
 from service.tasks.chat_template import ChatTemplateError
 from service.tasks.contract import Collaborators, EventStream, InvalidInputError
 from service.tasks.generation_base import (
@@ -146,6 +146,20 @@ class Choice:
     logprobs: LogprobWriter | None = None
     echo: str | None = None
     counts_prompt: bool = True  # usage counts a prompt once, however many answers it gets
+    # `max_tokens: 0` with `echo`: the prompt scored, nothing generated. The engine's prefill still chooses a
+    # token (it is one engine call either way); the answer leaves it out.
+    scores_only: bool = False
+
+    def seen(self, event: TokenEvent) -> TokenEvent:
+        """The event as this choice's client sees it (a scores-only choice's token is none of its)."""
+        if not self.scores_only:
+            return event
+        finish: FinishReason | None = "length" if event.finish_reason is not None else None
+        return dataclasses.replace(event, token_id=None, text="", logprob=None, finish_reason=finish)
+
+    def on_event(self, event: TokenEvent) -> None:
+        if self.logprobs is not None:
+            self.logprobs.add(self.seen(event))
 
 
 class Answer:
@@ -174,9 +188,10 @@ class Answer:
         if stream:
             opened = await open_streams([c.prepared for c in self.choices])
             return EventStream(self._events(opened, include_usage, x))
-        results: list[Completion] = await all_or_none(
-            complete(c.prepared, c.logprobs.add if c.logprobs is not None else None) for c in self.choices
-        )
+        results: list[Completion] = await all_or_none(complete(c.prepared, c.on_event) for c in self.choices)
+        for c, r in zip(self.choices, results, strict=True):
+            if c.scores_only:
+                r["generated_text"], r["tokens"], r["finish_reason"] = "", 0, "length"
         choices = [
             self.shape.choice(
                 (c.echo or "") + r["generated_text"], OPENAI_FINISH[r["finish_reason"]], _take(c.logprobs)
@@ -218,7 +233,12 @@ class Answer:
                     for c, (seq, _) in zip(self.choices, opened, strict=True)
                     if c.counts_prompt
                 )
-                usage = _usage(prompt_tokens, sum(seq.streamed for seq, _ in opened))
+                made = sum(
+                    seq.streamed
+                    for c, (seq, _) in zip(self.choices, opened, strict=True)
+                    if not c.scores_only
+                )
+                usage = _usage(prompt_tokens, made)
                 yield sse(self.envelope(kind, []) | {"usage": usage})
         except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
             stream_failed(x, e)
@@ -228,6 +248,7 @@ class Answer:
     def _chunk_choices(self, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
         """The event's chunk choices at the choice's place; the echoed prompt (completions only) opens its
         first one's text."""
+        event = choice.seen(event)
         chunks = [c | {"index": choice.index} for c in self.shape.chunk_choices(event, choice.logprobs)]
         if choice.echo is not None and chunks:
             chunks[0] = chunks[0] | {"text": choice.echo + chunks[0]["text"]}
@@ -240,7 +261,7 @@ class Answer:
 
 async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborators) -> Any:
     model = c.resolve(NAME, body.model, None, x)
-    params = body.sampling(body.max_tokens, body.logprobs)
+    params = body.sampling(max(body.max_tokens, 1), body.logprobs)
     if body.echo:
         params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
     choices = []
@@ -254,7 +275,9 @@ async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborat
                     model.encoder, chat=False, prompt=prepared.prompt if body.echo else None
                 )
             one = dataclasses.replace(prepared, params=sample)
-            choices.append(Choice(one, i * body.n + j, writer, echo, counts_prompt=j == 0))
+            choices.append(
+                Choice(one, i * body.n + j, writer, echo, j == 0, scores_only=body.max_tokens == 0)
+            )
     return await Answer(COMPLETION, model.name, choices).respond(body.stream, body.include_usage, x)
 
 

@@ -112,7 +112,9 @@ class CompletionRequest(OpenAIRequest):
         description=f"A string or token ids, or a list of up to {MAX_PROMPTS} of either: one choice each "
         "(`index`: its place).",
     )
-    max_tokens: int = Field(16, ge=1, le=4096)
+    max_tokens: int = Field(
+        16, ge=0, le=4096, description="0 (with echo): the prompt scored, nothing generated."
+    )
     echo: bool = Field(
         False,
         description="The prompt first in the answer's text, and with logprobs its tokens' log-probabilities "
@@ -140,6 +142,12 @@ class CompletionRequest(OpenAIRequest):
         """Each prompt: a text or its token ids."""
         value: Any = self.prompt
         return [value] if isinstance(value, str) or _token_ids(value) else list(value)
+
+    @model_validator(mode="after")
+    def _nothing_to_answer(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true (the prompt, scored, is then the whole answer)")
+        return self
 
     @model_validator(mode="after")
     def _choices_in_bounds(self) -> CompletionRequest:

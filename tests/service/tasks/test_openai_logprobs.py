@@ -249,3 +249,34 @@ def test_lm_evaluation_harness_loglikelihood_flow(server: LiveServer, reference:
         assert sum(scores) == pytest.approx(sum(reference_scores), abs=1e-3)
         greedy = all(row.argmax() == t for row, t in zip(expected, continuation, strict=True))
         assert is_greedy == greedy
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(server: LiveServer) -> None:
+    body = {
+        "model": CHAT,
+        "prompt": ["Acme was founded", "Who"],
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 0,
+    }
+    whole = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).json()
+    with_one = httpx.post(
+        f"{server.base_url}/v1/completions", json={**body, "max_tokens": 1}, timeout=60
+    ).json()
+    for choice, longer, text in zip(whole["choices"], with_one["choices"], body["prompt"], strict=True):
+        assert choice["text"] == text and choice["finish_reason"] == "length"
+        assert {k: v[:-1] for k, v in longer["logprobs"].items()} == choice[
+            "logprobs"
+        ]  # the prompt's entries
+    assert whole["usage"]["completion_tokens"] == 0
+    assert whole["usage"]["prompt_tokens"] == with_one["usage"]["prompt_tokens"]
+    with httpx.stream(
+        "POST", f"{server.base_url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    texts = {
+        i: "".join(e["choices"][0]["text"] for e in events if e["choices"][0]["index"] == i) for i in (0, 1)
+    }
+    assert texts == {0: "Acme was founded", 1: "Who"}
+    refused = httpx.post(f"{server.base_url}/v1/completions", json={**body, "echo": False}, timeout=30)
+    assert refused.status_code == 400 and "max_tokens 0 needs echo" in refused.json()["error"]["message"]
