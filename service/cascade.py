@@ -16,7 +16,9 @@ load a check would only be tokenized to be refused, and those that slip into an 
 hold it when the next client arrives: at 64 connections they cost the student's clients 8 % of their
 throughput and 40 % on p99 before this gate). Whether the two best answers agree is counted per pair: the
 live twin of the agreement the distillation report measured offline, with an alert rule on it
-(deploy/prometheus/alerts.yml).
+(deploy/prometheus/alerts.yml). A generation student's finished answers are checked the same way, per token
+(service.tasks.generation_shadow: does the teacher's most likely next token equal the one the student wrote),
+the unit of the next-token agreement its distillation report gives.
 """
 
 from __future__ import annotations
@@ -192,34 +194,47 @@ class Pairs:
         self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
     ) -> None:
         """Check a sampled share of the student's answers with the teacher, off the client's path."""
-        rate = self.settings.shadow_rate
-        picked = [i for i in range(len(inputs)) if rate >= 1.0 or self._random.random() < rate]
+        picked = [i for i in range(len(inputs)) if self.sampled()]
         if not picked:
             return
+
+        async def check() -> tuple[int, int]:
+            theirs = await answer_all(
+                pair.teacher, [inputs[i] for i in picked], Exchange(limits=limits, shadow=True)
+            )
+            return len(picked), sum(
+                best_answer(mine[i]) == best_answer(t) for i, t in zip(picked, theirs, strict=True)
+            )
+
+        self.check_later(pair, len(picked), check)
+
+    def sampled(self) -> bool:
+        """Whether one more student answer is checked (DISTILSERVE_SHADOW_RATE)."""
+        rate = self.settings.shadow_rate
+        return rate >= 1.0 or (rate > 0 and self._random.random() < rate)
+
+    def check_later(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[tuple[int, int]]]) -> None:
+        """Run a teacher's check of `inputs` student answers off the client's path, within the shadow limits
+        (the module's docstring); `check` returns (compared, agreed), counted per pair. Refused, too late or
+        failed, the inputs count as dropped, never as an error."""
         busy = self._clients_in_flight > SHADOW_BUSY  # other requests of this process at the engine
-        if busy or self._shadow_in_flight + len(picked) > SHADOW_IN_FLIGHT:
-            pair.dropped.inc(len(picked))
+        if busy or self._shadow_in_flight + inputs > SHADOW_IN_FLIGHT:
+            pair.dropped.inc(inputs)
             return
-        self._shadow_in_flight += len(picked)
-        task = asyncio.create_task(
-            self._check(pair, [inputs[i] for i in picked], [mine[i] for i in picked], answer_all, limits)
-        )
+        self._shadow_in_flight += inputs
+        task = asyncio.create_task(self._check(pair, inputs, check))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    async def _check(
-        self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
-    ) -> None:
+    async def _check(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[tuple[int, int]]]) -> None:
         try:
-            x = Exchange(limits=limits, shadow=True)
-            theirs = await asyncio.wait_for(answer_all(pair.teacher, inputs, x), SHADOW_TIMEOUT_S)
+            compared, agreed = await asyncio.wait_for(check(), SHADOW_TIMEOUT_S)
         except Exception:  # refused under load, dropped for a client, too late: uncounted, never an error
-            pair.dropped.inc(len(inputs))
+            pair.dropped.inc(inputs)
             return
         finally:
-            self._shadow_in_flight -= len(inputs)
-        agreed = sum(best_answer(a) == best_answer(b) for a, b in zip(mine, theirs, strict=True))
-        pair.compared.inc(len(inputs))
+            self._shadow_in_flight -= inputs
+        pair.compared.inc(compared)
         pair.agreed.inc(agreed)
 
     def describe(self, model: ServedModel) -> dict[str, Any]:

@@ -11,6 +11,7 @@ service.tasks.generation_base.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -43,6 +44,7 @@ from service.tasks.generation_base import (
     stream_failed,
     text_pieces,
 )
+from service.tasks.generation_shadow import shadow_hook
 from service.tasks.openai_generation import handle_chat_completions, handle_completions
 from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
 
@@ -69,6 +71,7 @@ async def handle_generate(
     model = c.resolve(NAME, body.model, body.version, x)
     params = body.sampling(body.max_new_tokens)
     prepared = prepare(model, body.prompt, params, body.truncate_prompt, c.metrics, x)
+    prepared = dataclasses.replace(prepared, on_done=shadow_hook(c, model, x))
     if not body.stream:
         result = await complete(prepared)
         return GenerateResponse(

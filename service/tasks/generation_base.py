@@ -107,6 +107,7 @@ class Prepared:
     params: SamplingParams
     model: str = ""
     phases: list[Phase] | None = None  # a sampled request's (its exchange's): its generation phases go there
+    on_done: Callable[[Sequence], None] | None = None  # a finished answer (not one its client left): shadow
 
 
 def prepare(
@@ -171,6 +172,7 @@ async def complete(prepared: Prepared, on_event: Callable[[TokenEvent], None] | 
     traced = prepared.phases is not None
     seq, text = await prepared.engine.generate(prepared.prompt, prepared.params, traced, on_event)
     trace_generation(prepared, seq)
+    finished(prepared, seq)
     return Completion(
         generated_text=text,
         tokens=seq.streamed,
@@ -252,6 +254,13 @@ async def _prepend(
     finally:
         await rest.aclose()
         trace_generation(prepared, seq)  # the stream ended (or its client left): before the request's spans
+        finished(prepared, seq)
+
+
+def finished(prepared: Prepared, seq: Sequence) -> None:
+    """Tell `prepared.on_done` of an answer that ended as the model ended it (not left, not failed)."""
+    if prepared.on_done is not None and seq.finish_reason is not None and seq.error is None:
+        prepared.on_done(seq)
 
 
 async def text_pieces(groups: AsyncIterator[list[TokenEvent]]) -> AsyncIterator[tuple[str, int, str | None]]:

@@ -35,6 +35,7 @@ from service.tasks.generation_base import (
     sse,
     stream_failed,
 )
+from service.tasks.generation_shadow import shadow_hook
 from service.tasks.openai_logprobs import LogprobWriter
 from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
 
@@ -267,6 +268,7 @@ async def handle_completions(body: CompletionRequest, x: Exchange, c: Collaborat
     choices = []
     for i, prompt in enumerate(body.prompts):
         prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x)
+        prepared = dataclasses.replace(prepared, on_done=shadow_hook(c, model, x))
         echo = model.encoder.decode(prepared.prompt) if body.echo else None
         for j, sample in enumerate(body.samples(prepared.params)):
             writer = None
@@ -296,6 +298,7 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
         ) from None
     params = body.sampling(body.token_limit(model.manifest.max_sequence_length), body.alternatives)
     prepared = prepare(model, prompt, params, body.truncate_prompt, c.metrics, x, rendered=True)
+    prepared = dataclasses.replace(prepared, on_done=shadow_hook(c, model, x))
     choices = [
         Choice(
             dataclasses.replace(prepared, params=sample),

@@ -244,8 +244,8 @@ def test_the_openai_client_reads_the_errors(server: LiveServer) -> None:
         client.chat.completions.create(model=LM, messages=MESSAGES)
     assert refused.value.status_code == 400 and refused.value.param == "model"
     assert refused.value.type == "invalid_request_error"
-    with pytest.raises(BadRequestError, match="max_tokens: Input should be greater than or equal to 1"):
-        client.completions.create(model=LM, prompt="hi", max_tokens=0)
+    with pytest.raises(BadRequestError, match="max_tokens: Input should be greater than or equal to 0"):
+        client.completions.create(model=LM, prompt="hi", max_tokens=-1)
     with pytest.raises(NotFoundError, match="'nope' is not served"):
         client.chat.completions.create(model="nope", messages=MESSAGES)
 
