@@ -7,6 +7,11 @@ next-token agreement `eval-lm` writes into the student's distillation report, so
 (`distilserve_shadow_agreed_total` / `distilserve_shadow_compared_total`, counted in tokens here) sits beside
 the export-time figure and its alert rule. It is measured on the student's own answers, not on the eval
 text: a student that drifts from its teacher where users take it shows here first.
+
+Only plain greedy answers are checked: there each token is the student's own best, which the teacher's best
+either is or is not. A sampled token is a draw, often neither model's best (the SmolLM2 pair: 0.236 on
+sampled answers against 0.636 on greedy ones, docs/benchmarks.md), and a repetition penalty moves the
+student's choice off its distribution's best; counting them would set off the drift alert for nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def shadow_hook(c: Collaborators, model: ServedModel, x: Exchange) -> Callable[[
 
     def done(seq: Sequence) -> None:
         output = list(seq.output[: seq.streamed])
-        if output and c.pairs.sampled():
+        if output and seq.params.greedy and seq.params.repetition_penalty == 1.0 and c.pairs.sampled():
             prompt = list(seq.prompt)
             c.pairs.check_later(pair, 1, lambda: teacher_agreement(pair.teacher, prompt, output, c, x))
 

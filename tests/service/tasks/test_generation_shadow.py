@@ -90,6 +90,16 @@ def test_a_students_tokens_agree_where_pytorchs_teacher_would_write_them(
     assert 0 < agreed - agreed_before < 16  # another seed: a real measurement, neither all nor nothing
 
 
+def test_sampled_or_penalised_answers_are_not_checked(client: TestClient) -> None:
+    before = counted(client, "lm", 0)
+    for extra in ({"temperature": 1.0, "seed": 3}, {"repetition_penalty": 1.3}):
+        body = {"model": "lm", "prompt": "Who", "max_tokens": 6, "ignore_eos": True} | extra
+        assert client.post("/v1/completions", json=body).status_code == 200
+    greedy = {"model": "lm", "prompt": "Who", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    assert client.post("/v1/completions", json=greedy).status_code == 200  # the one counted, after the others
+    assert counted(client, "lm", before[0] + 6)[0] == before[0] + 6
+
+
 def test_no_rate_no_checks(pairs: tuple[Path, Path]) -> None:
     with TestClient(create_app(Settings(model_repository=pairs[0], speculative="off"))) as client:
         client.post("/v1/completions", json={"model": "lm", "prompt": "Who", "max_tokens": 4})
