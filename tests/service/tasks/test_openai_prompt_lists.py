@@ -170,3 +170,23 @@ def test_a_refused_prompt_closes_the_streams_already_open() -> None:
 
     asyncio.run(main())
     assert sorted(engine.closed) == [1, 2, 3, 4]  # none left running for nobody
+
+
+def test_a_client_leaving_a_merged_stream_closes_every_prompts_stream() -> None:
+    closed: list[int] = []
+
+    async def stream(i: int) -> AsyncIterator[list[Any]]:
+        try:
+            while True:
+                await asyncio.sleep(0.01 * (i + 1))
+                yield [i]
+        finally:
+            closed.append(i)  # the engine side frees the sequence here (stream_groups' own finally)
+
+    async def main() -> None:
+        merged = merged_streams([stream(0), stream(1), stream(2)])  # type: ignore[list-item]
+        assert await anext(merged) == (0, [0])
+        await merged.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    assert sorted(closed) == [0, 1, 2]
