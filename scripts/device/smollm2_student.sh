@@ -6,8 +6,9 @@
 #
 #   scripts/device/smollm2_student.sh GGUF DATA WORK OUT
 #
-# DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BATCH (32 blocks of
-# 256 tokens), LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
+# DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BLOCK (tokens a block,
+# cached and scored: 256; a student for long prompts needs long blocks: 2048 with BATCH=4), BATCH (32 blocks),
+# LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
 # (10), RECIPES (name:alpha_kd:alpha_hard, space-separated, run side by side; "mixed1:1:1", the figure in
 # docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"), STEPS (steps per recipe; set, it skips
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
@@ -25,6 +26,7 @@ GGUF=$1 DATA=$2 WORK=$3 OUT=$4
 PY=${PY:-python3}
 LAYERS=${LAYERS:-10}
 BATCH=${BATCH:-32}
+BLOCK=${BLOCK:-256}
 LR=${LR:-3e-4}
 TRAIN_S=${TRAIN_S:-240}
 MAX_EPOCHS=${MAX_EPOCHS:-10}
@@ -45,7 +47,7 @@ if [[ -n ${GEN_PROMPTS:-} ]]; then
   train=$WORK/train-plus-generated.txt
 fi
 $PY -m training lm-cache --teacher "$WORK/teacher" --train "$train" --out "$WORK/cache" \
-  --top-k 64 --block-size 256 --batch-size 64
+  --top-k 64 --block-size "$BLOCK" --batch-size "$((64 * 256 / BLOCK > 0 ? 64 * 256 / BLOCK : 1))"
 stamp cached
 blocks=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['num_blocks'])" "$WORK/cache/meta.json")
 
@@ -88,7 +90,8 @@ for recipe in $RECIPES; do
   name=${recipe%%:*}
   tail -n 2 "$WORK/$name.log"
   $PY -m training eval-lm --teacher "$WORK/teacher" --student "$WORK/$name" \
-    --eval "$DATA/wikitext2_raw_valid.txt" --batch-size 16 2>&1 | tail -n 3
+    --eval "$DATA/wikitext2_raw_valid.txt" --block-size "$BLOCK" --batch-size "$((16 * 256 / BLOCK > 0 ? 16 * 256 / BLOCK : 1))" \
+    2>&1 | tail -n 3
 done
 stamp evaluated
 best=$($PY -c "

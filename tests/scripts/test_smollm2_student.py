@@ -36,6 +36,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         **os.environ,
         "PY": sys.executable,
         "LAYERS": "1",
+        "BLOCK": "64",  # the knob a long-context student turns the other way (2048)
         "BATCH": "2",
         "STEPS_PER_S": "0.0365",  # a rate known before: no probe; 2 steps = rate x TRAIN_S x 0.55 (two runs)
         "TRAIN_S": "100",
@@ -63,6 +64,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     assert len(generated) >= 6
     meta = json.loads((work / "cache" / "meta.json").read_text())
     assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
+    assert meta["block_size"] == 64
     ratios = {}
     for name in ("kd", "mixed"):
         state = json.loads((work / name / "train_state.json").read_text())
