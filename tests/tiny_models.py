@@ -176,3 +176,21 @@ def build_tiny(task: str, out: Path, positions: int = 64, seed: int = 0) -> Path
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def export_lm_pair(root: Path, self_student: str | None = None) -> tuple[Path, Path]:
+    """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`) in
+    `root/models`; `self_student`: also the teacher exported under that name as its own student. Returns the
+    repository and the teacher's HF directory (PyTorch's reference)."""
+    from export.pipeline import PairSpec, export_model
+    from service.manifest import TeacherRef
+
+    teacher_dir = build_tiny("text-generation", root / "teacher", positions=64, seed=0)
+    student_dir = build_tiny("text-generation", root / "student", positions=64, seed=1)
+    repository = root / "models"
+    assert export_model(teacher_dir, "text-generation", "lm-teacher", repository, ("fp32",)).version_dir
+    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
+    students = [("lm", student_dir)] + ([(self_student, teacher_dir)] if self_student else [])
+    for name, source in students:
+        assert export_model(source, "text-generation", name, repository, ("fp32",), pair=pair).version_dir
+    return repository, teacher_dir

@@ -27,6 +27,7 @@ from service.repository import scan_repository
 from service.runtime import ort_engine_factory
 from service.settings import Settings
 from tests.service.test_app import metric_value
+from tests.tiny_models import export_lm_pair
 
 Loaded = dict[str, tuple[Engine, GenerationLayout]]
 
@@ -34,18 +35,7 @@ Loaded = dict[str, tuple[Engine, GenerationLayout]]
 @pytest.fixture(scope="module")
 def lm_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`)."""
-    from export.pipeline import PairSpec, export_model
-    from service.manifest import TeacherRef
-    from tests.tiny_models import build_tiny
-
-    root = tmp_path_factory.mktemp("lm-pair")
-    teacher_dir = build_tiny("text-generation", root / "teacher", positions=64, seed=0)
-    student_dir = build_tiny("text-generation", root / "student", positions=64, seed=1)
-    repository = root / "models"
-    assert export_model(teacher_dir, "text-generation", "lm-teacher", repository, ("fp32",)).version_dir
-    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
-    assert export_model(student_dir, "text-generation", "lm", repository, ("fp32",), pair=pair).version_dir
-    return repository
+    return export_lm_pair(tmp_path_factory.mktemp("lm-pair"))[0]
 
 
 @pytest.fixture(scope="module")

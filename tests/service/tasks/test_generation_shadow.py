@@ -15,24 +15,13 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 from tests.service.test_app import metric_value
+from tests.tiny_models import export_lm_pair
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """`lm-teacher`; `lm`, a student of another seed; `lm-self`, the teacher exported as its own student."""
-    from export.pipeline import PairSpec, export_model
-    from service.manifest import TeacherRef
-    from tests.tiny_models import build_tiny
-
-    root = tmp_path_factory.mktemp("gen-shadow")
-    teacher_dir = build_tiny("text-generation", root / "teacher", positions=64, seed=0)
-    student_dir = build_tiny("text-generation", root / "student", positions=64, seed=1)
-    repository = root / "models"
-    assert export_model(teacher_dir, "text-generation", "lm-teacher", repository, ("fp32",)).version_dir
-    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
-    for name, source in (("lm", student_dir), ("lm-self", teacher_dir)):
-        assert export_model(source, "text-generation", name, repository, ("fp32",), pair=pair).version_dir
-    return repository, teacher_dir
+    return export_lm_pair(tmp_path_factory.mktemp("gen-shadow"), self_student="lm-self")
 
 
 @pytest.fixture(scope="module")
