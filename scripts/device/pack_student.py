@@ -3,7 +3,7 @@
 `pack STUDENT TEACHER OUT` writes what the student does not share with its teacher (every tensor but the
 token embeddings, which `distil-lm --freeze-embeddings` keeps as the teacher's) as float16, high and low
 bytes apart and zlib-compressed, in PARTS files of under 16 MiB, and a manifest with the student's config,
-its train_state.json and lm_eval.json and checksums. `unpack OUT TEACHER STUDENT` rebuilds the HF
+its train_state.json and scores (lm_eval*.json) and checksums. `unpack OUT TEACHER STUDENT` rebuilds the HF
 directory beside a copy of the same teacher. A 10-layer SmolLM2 student: 67.5 MiB of float16, ~58 MiB
 packed. Used by scripts/device/smollm2_student.sh; numpy and safetensors only.
 """
@@ -30,6 +30,12 @@ TEACHER_FILES = (
     "generation_config.json",
     "chat_template.jinja",
 )
+
+
+def side_files(student: Path) -> list[Path]:
+    """The run's own records: its state, and each score (lm_eval-SIZE.json per block size scored)."""
+    named = [student / side for side in SIDE_FILES]
+    return [path for path in named if path.exists()] + sorted(student.glob("lm_eval-*.json"))
 
 
 def _sha(data: bytes) -> str:
@@ -63,9 +69,7 @@ def pack(student: Path, teacher: Path, out: Path, parts: int = 5) -> dict[str, o
         "float16_sha256": _sha(flat.tobytes()),
         "embeddings_sha256": _sha(teacher_embeddings.tobytes()),
         "config": json.loads((student / "config.json").read_text()),
-        **{
-            side: json.loads((student / side).read_text()) for side in SIDE_FILES if (student / side).exists()
-        },
+        **{side.name: json.loads(side.read_text()) for side in side_files(student)},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     mib = flat.nbytes / 2**20, len(stream) / 2**20
@@ -92,9 +96,9 @@ def unpack(packed: Path, teacher: Path, student: Path) -> None:
     student.mkdir(parents=True, exist_ok=True)
     save_file(weights, student / "model.safetensors", metadata={"format": "pt"})
     (student / "config.json").write_text(json.dumps(manifest["config"], indent=2) + "\n")
-    for side in SIDE_FILES:
-        if side in manifest:
-            (student / side).write_text(json.dumps(manifest[side], indent=2) + "\n")
+    for side, data in manifest.items():
+        if side.endswith(".json"):
+            (student / side).write_text(json.dumps(data, indent=2) + "\n")
     for name in TEACHER_FILES:
         if (teacher / name).exists():
             shutil.copy(teacher / name, student / name)

@@ -9,13 +9,16 @@
 # DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BLOCK (tokens a block,
 # cached and scored: 256; a student for long prompts needs long blocks: 2048 with BATCH=4), BATCH (32 blocks),
 # LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
-# (10), RECIPES (name:alpha_kd:alpha_hard, space-separated, run side by side; "mixed1:1:1", the figure in
-# docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"), STEPS (steps per recipe; set, it skips
+# (10), RECIPES (name:alpha_kd:alpha_hard[:layer_map], space-separated, run side by side; "mixed1:1:1", the
+# figure in docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"; a layer map, e.g.
+# 0,1,2,6,11,16,17,18,20,23,24,29, replaces the even spread for that recipe), STEPS (steps per recipe; set, it skips
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
 # first continues that many openings of train's lines, `lm-generate`, and the cache covers train and that
 # text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
 # GEN_BATCH (256), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
 # (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
+# EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
+# (lm_eval-SIZE.json; the first size picks the best student and is its lm_eval.json).
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
 if [[ $# -ne 4 ]]; then  # --help, or arguments missing: the comment above
@@ -31,6 +34,8 @@ LR=${LR:-3e-4}
 TRAIN_S=${TRAIN_S:-240}
 MAX_EPOCHS=${MAX_EPOCHS:-10}
 RECIPES=${RECIPES:-"mixed1:1:1"}
+EVAL_BLOCKS=$(printf '%s\n' ${EVAL_BLOCKS:-$BLOCK 256} | awk '!seen[$0]++')
+FIRST_EVAL=${EVAL_BLOCKS%%$'\n'*}
 mkdir -p "$WORK" "$OUT"
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
@@ -80,25 +85,29 @@ print(int(min(p_steps / p_s * budget * parallel, epochs * blocks / batch)))" \
 fi
 
 for recipe in $RECIPES; do
-  IFS=: read -r name kd hard <<< "$recipe"
+  IFS=: read -r name kd hard layer_map <<< "$recipe"
   distil "$name" "$kd" "$hard" "$steps" --time-limit "$(python3 -c "print(($TRAIN_S * 1.3) / 60)")" \
-    > "$WORK/$name.log" 2>&1 &
+    ${layer_map:+--layer-map "$layer_map"} > "$WORK/$name.log" 2>&1 &
 done
 wait
 stamp trained
 for recipe in $RECIPES; do
   name=${recipe%%:*}
   tail -n 2 "$WORK/$name.log"
-  $PY -m training eval-lm --teacher "$WORK/teacher" --student "$WORK/$name" \
-    --eval "$DATA/wikitext2_raw_valid.txt" --block-size "$BLOCK" --batch-size "$((16 * 256 / BLOCK > 0 ? 16 * 256 / BLOCK : 1))" \
-    2>&1 | tail -n 3
+  for block in $EVAL_BLOCKS; do
+    $PY -m training eval-lm --teacher "$WORK/teacher" --student "$WORK/$name" \
+      --eval "$DATA/wikitext2_raw_valid.txt" --block-size "$block" \
+      --batch-size "$((16 * 256 / block > 0 ? 16 * 256 / block : 1))" 2>&1 | tail -n 3
+    cp "$WORK/$name/lm_eval.json" "$WORK/$name/lm_eval-$block.json"
+  done
+  cp "$WORK/$name/lm_eval-$FIRST_EVAL.json" "$WORK/$name/lm_eval.json"
 done
 stamp evaluated
 best=$($PY -c "
 import json, sys
-work, names = sys.argv[1], sys.argv[2:]
-scores = {n: json.load(open(f'{work}/{n}/lm_eval.json'))['perplexity_ratio'] for n in names}
-print(min(scores, key=scores.get))" "$WORK" $(for r in $RECIPES; do echo "${r%%:*}"; done))
+block, work, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+scores = {n: json.load(open(f'{work}/{n}/lm_eval-{block}.json'))['perplexity_ratio'] for n in names}
+print(min(scores, key=scores.get))" "$FIRST_EVAL" "$WORK" $(for r in $RECIPES; do echo "${r%%:*}"; done))
 stamp "packing $best"
 $PY scripts/device/pack_student.py pack "$WORK/$best" "$WORK/teacher" "$OUT"
 stamp done

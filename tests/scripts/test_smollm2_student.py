@@ -37,6 +37,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "PY": sys.executable,
         "LAYERS": "1",
         "BLOCK": "64",  # the knob a long-context student turns the other way (2048)
+        "EVAL_BLOCKS": "64 32",  # scored at its own length, then at a shorter one
         "BATCH": "2",
         "STEPS_PER_S": "0.0365",  # a rate known before: no probe; 2 steps = rate x TRAIN_S x 0.55 (two runs)
         "TRAIN_S": "100",
@@ -46,7 +47,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "GEN_PROMPT_TOKENS": "4",
         "GEN_NEW_TOKENS": "24",
         "GEN_S": "600",
-        "RECIPES": "kd:1:0 mixed:1:1",
+        "RECIPES": "kd:1:0 mixed:1:1:1",  # mixed copies the teacher's last layer, not its first
         "OMP_NUM_THREADS": "1",
     }
     result = subprocess.run(
@@ -66,10 +67,14 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
     assert meta["block_size"] == 64
     ratios = {}
-    for name in ("kd", "mixed"):
+    for name, layer_map in (("kd", [0]), ("mixed", [1])):
         state = json.loads((work / name / "train_state.json").read_text())
         assert state["step"] == 2
-        ratios[name] = json.loads((work / name / "lm_eval.json").read_text())["perplexity_ratio"]
+        assert state["config"]["layer_map"] == layer_map
+        scores = {size: json.loads((work / name / f"lm_eval-{size}.json").read_text()) for size in (64, 32)}
+        assert [scores[size]["block_size"] for size in (64, 32)] == [64, 32]
+        assert json.loads((work / name / "lm_eval.json").read_text()) == scores[64]  # the first picks
+        ratios[name] = scores[64]["perplexity_ratio"]
 
     best = min(ratios, key=ratios.__getitem__)
     spec = importlib.util.spec_from_file_location("pack_student", SCRIPT.with_name("pack_student.py"))
@@ -86,3 +91,6 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         }
     other = next(name for name in ratios if name != best)
     assert gap[best] < 3e-2 < gap[other], gap  # the best recipe came back, as float16 weights
+    assert json.loads((tmp_path / "back" / "lm_eval-32.json").read_text()) == json.loads(
+        (work / best / "lm_eval-32.json").read_text()
+    )  # with every score it was given
