@@ -1,10 +1,11 @@
-"""`python -m training import | lm-cache | lm-generate | distil-lm | eval-lm`: a causal-LM teacher brought
-in (a GGUF file or a local HF directory), and a student from a cache of its logits.
+"""`python -m training import | lm-cache | lm-generate | lm-circuits | distil-lm | eval-lm`: a causal-LM
+teacher brought in (a GGUF file or a local HF directory), and a student from a cache of its logits.
 
 The steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
 (training/lm_cache.py), optionally over more text the teacher writes itself (training/lm_generate.py), train
-the student from it (training/distil_lm.py), then score both models on the same eval blocks, perplexity and
-speed side by side in one process.
+the student from it (training/distil_lm.py; `--layer-map circuits` cuts it through the layers that hold
+the teacher's copying circuit, training/circuits.py), then score both models on the same eval blocks,
+perplexity and speed side by side in one process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from common.cli import line_console
 from common.progress import ProgressLog
-from training import distil_lm, lm_cache, lm_generate
+from training import circuits, distil_lm, lm_cache, lm_generate
 from training.cli_common import ThreadsOpt, app, check_out, parse_layer_map, setup_threads, user_errors
 from training.data.loaders import load_text_data
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
@@ -44,6 +45,16 @@ def _device(cpu: bool) -> torch.device:
 def _load(path: str | Path, device: torch.device) -> PreTrainedModel:
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device).eval()  # type: ignore[arg-type]
+
+
+CIRCUITS = "circuits"
+
+
+def _layer_map(value: str | None, teacher: PreTrainedModel, layers: int) -> list[int]:
+    """`--layer-map`: teacher layers named, or `circuits` (chosen from the teacher's heads), or even."""
+    if value == CIRCUITS:
+        return circuits.circuit_layer_map(circuits.circuit_scores(teacher), layers)
+    return list(parse_layer_map(value) or ())
 
 
 @app.command(name="import")
@@ -193,13 +204,55 @@ def lm_generate_command(
     )
 
 
+@app.command(name="lm-circuits")
+def lm_circuits_command(
+    teacher: Path = TeacherDirOpt,
+    layers: str = typer.Option("10,12", "--layers", help="Student depths to give a layer map for."),
+    span: int = typer.Option(64, "--span", min=4, help="Random tokens, then the same again."),
+    sequences: int = typer.Option(8, "--sequences", min=1),
+    threads: int | None = ThreadsOpt,
+) -> None:
+    """Which of the teacher's layers hold its copying circuit (previous-token and induction heads), and the
+    layer map `distil-lm --layer-map circuits` takes for each student depth."""
+    setup_threads(threads)
+    console = line_console()
+    try:
+        depths = [int(depth) for depth in layers.split(",")]
+    except ValueError as err:
+        raise typer.BadParameter(
+            f"expected comma-separated depths, got {layers!r}", param_hint="--layers"
+        ) from err
+    with user_errors():
+        model = _load(teacher, torch.device("cpu"))
+        scores = circuits.circuit_scores(model, span=span, sequences=sequences)
+        maps = {depth: circuits.circuit_layer_map(scores, depth) for depth in depths}
+    console.print("layer  induction  previous-token  (best head's mean attention on the target)")
+    for layer, (induction, previous) in enumerate(zip(scores.induction, scores.previous_token, strict=True)):
+        marks = [
+            name
+            for name, score, floor in (
+                ("induction head", induction, circuits.INDUCTION_MIN),
+                ("previous-token head", previous, circuits.PREVIOUS_TOKEN_MIN),
+            )
+            if score >= floor
+        ]
+        console.print(f"{layer:5d}  {induction:9.2f}  {previous:14.2f}  {', '.join(marks)}")
+    for depth, chosen in maps.items():
+        console.print(f"{depth} layers: --layer-map {','.join(map(str, chosen))}")
+
+
 @app.command(name="distil-lm")
 def distil_lm_command(
     teacher: Path = TeacherDirOpt,
     cache: Path = typer.Option(..., "--cache", exists=True, file_okay=False, help="A cache from lm-cache."),
     out: Path = typer.Option(..., "--out", file_okay=False, help="Student HF directory and its checkpoint."),
     layers: int = typer.Option(10, "--layers", min=1, help="Student depth."),
-    layer_map: str | None = typer.Option(None, "--layer-map", help="Teacher layers to copy, e.g. 0,3,6."),
+    layer_map: str | None = typer.Option(
+        None,
+        "--layer-map",
+        help="Teacher layers to copy, e.g. 0,3,6; 'circuits': the layers of its copying circuit "
+        "(lm-circuits); default: spread evenly.",
+    ),
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps of the whole run."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per micro-batch."),
     grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step."),
@@ -227,6 +280,7 @@ def distil_lm_command(
     with user_errors():
         torch.manual_seed(seed)
         device = _device(cpu)
+        teacher_model = _load(teacher, torch.device("cpu"))
         state = distil_lm.load_checkpoint(out)
         if state is not None:
             config = distil_lm.DistilLMConfig(**state["config"])  # type: ignore[arg-type]
@@ -234,7 +288,7 @@ def distil_lm_command(
         else:
             config = distil_lm.DistilLMConfig(
                 layers=layers,
-                layer_map=list(parse_layer_map(layer_map) or ()),
+                layer_map=_layer_map(layer_map, teacher_model, layers),
                 steps=steps,
                 batch_size=batch_size,
                 grad_accum=grad_accum,
@@ -248,7 +302,6 @@ def distil_lm_command(
                 bf16=bf16,
                 freeze_embeddings=freeze_embeddings,
             )
-        teacher_model = _load(teacher, torch.device("cpu"))
         student = distil_lm.student_from_teacher(teacher_model, config)
         student.to(device)  # type: ignore[arg-type]
         del teacher_model
