@@ -36,10 +36,16 @@
 # first writes this many continuations of train's lines, `lm-generate`, and the student learns from train and
 # them: build/real/smollm2/{cache,student}-plus-generated; empty: train alone). The student keeps the
 # teacher's embeddings (--freeze-embeddings). LM_GENERATE_BATCH: continuations per generate call (8; a GPU
-# takes 256). The figure in docs/benchmarks.md (perplexity 1.23x the teacher's on all of WikiText-2 valid) is
-# this recipe on train and 4,352 of the teacher's continuations for 9.2 passes: on one GPU, `MP=bf16
-# LM_GENERATE=4352 LM_GENERATE_BATCH=256 LM_BLOCKS=13880 LM_BATCH=32 LM_STEPS=3975`, ~7 min
-# (scripts/device/smollm2_student.sh ran it); days on the 2-core CPU. Train alone, 10 passes: 1.30x.
+# takes 256). LM_LAYERS (student depth, 10), LM_LAYER_MAP (teacher layers it copies: empty spreads them evenly,
+# `circuits` keeps the teacher's copying circuit, training/circuits.py, or a list), LM_BLOCK (tokens a block,
+# cached, trained and scored: 256; a student for long prompts wants 2048 with LM_BATCH=4); another block size
+# or depth gets its own cache and student directory. Version 4 in docs/benchmarks.md (1.23x on 256-token
+# blocks, 2.18x with 2,048 tokens of context) is the even 10-layer recipe on train and 4,352 of the teacher's
+# continuations for 9.2 passes: on one GPU, `MP=bf16 LM_GENERATE=4352 LM_GENERATE_BATCH=256 LM_BLOCKS=13880
+# LM_BATCH=32 LM_STEPS=3975`, ~7 min. Version 5 (1.12x on 256-token blocks, 1.44x on 2,048) is 12 layers cut
+# through the circuit, trained on 2,048-token blocks of train alone for 6.5 passes: `MP=bf16 LM_LAYERS=12
+# LM_LAYER_MAP=0,1,2,6,11,16,17,18,20,23,24,29 LM_BLOCK=2048 LM_BLOCKS=1215 LM_BATCH=4 LM_STEPS=1980`, ~4 min
+# on an H200 (scripts/device/smollm2_student.sh ran both); days on the 2-core CPU.
 # SQuAD recipe knobs (issue 27 point 5): SQUAD_GENERAL (steps of general distillation on WikiText-2 train
 # before the QA stage, batches of 32 128-token blocks, at most two passes; default 1120: two passes; 0:
 # none), SQUAD_AUGMENT (each train question also asked of this many other paragraphs of its article, answered by the teacher; default 2; 0: none).
@@ -73,6 +79,9 @@ LM_STEPS=${LM_STEPS:-120}
 LM_BATCH=${LM_BATCH:-4}
 LM_ALPHA_HARD=${LM_ALPHA_HARD:-1}  # 1: perplexity 1.30x the teacher's on a GPU run, 0.5: 1.41x, 0 (KD alone): 2.12x
 LM_GENERATE_BATCH=${LM_GENERATE_BATCH:-8}
+LM_LAYERS=${LM_LAYERS:-10}
+LM_LAYER_MAP=${LM_LAYER_MAP:-}
+LM_BLOCK=${LM_BLOCK:-256}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 LM_GENERATE=${LM_GENERATE:-}
@@ -185,8 +194,10 @@ lm_limit() {  # the --time-limit option, when LM_MINUTES is set
 }
 
 smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers from it, score both
-  local d=$OUT/smollm2 bf16="" warmup=$((LM_STEPS / 60 > 10 ? LM_STEPS / 60 : 10))
-  local train=$DATA/wikitext2_raw_train.txt cache=$d/cache student=$d/student
+  local d=$OUT/smollm2 bf16="" warmup=$((LM_STEPS / 60 > 10 ? LM_STEPS / 60 : 10)) block="" depth=""
+  (( LM_BLOCK != 256 )) && block=-block$LM_BLOCK
+  [[ $LM_LAYERS != 10 || -n $LM_LAYER_MAP ]] && depth=-${LM_LAYERS}layers${LM_LAYER_MAP:+-${LM_LAYER_MAP//,/.}}
+  local train=$DATA/wikitext2_raw_train.txt cache=$d/cache$block student=$d/student$block$depth
   [[ -d $d/teacher ]] || { echo "run scripts/real-data.sh smollm2 first (imports the teacher)" >&2; exit 1; }
   [[ $MP == bf16 ]] && bf16=--bf16
   if [[ -n $LM_GENERATE ]]; then  # the teacher's continuations beside train: their own cache and student
@@ -199,15 +210,16 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
       return 0
     fi
     cat "$train" "$d/generated.txt" > "$d/train-plus-generated.txt"
-    train=$d/train-plus-generated.txt cache=$d/cache-plus-generated student=$d/student-plus-generated
+    train=$d/train-plus-generated.txt cache=$d/cache-plus-generated$block
+    student=$d/student-plus-generated$block$depth
   fi
   timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$train" \
-    --out "$cache" --top-k 64 --block-size 256 --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
+    --out "$cache" --top-k 64 --block-size "$LM_BLOCK" --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
   timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
-    --layers 10 --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
+    --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
     --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \
-    --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --batch-size 4
+    --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --block-size "$LM_BLOCK" --batch-size 4
   timed smollm2-student-export $PY -m export "$student" --task text-generation --name smollm2 \
     --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt" \
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
