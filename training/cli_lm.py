@@ -25,7 +25,6 @@ from common.cli import line_console
 from common.progress import ProgressLog
 from training import circuits, distil_lm, lm_cache, lm_generate
 from training.cli_common import ThreadsOpt, app, check_out, parse_layer_map, setup_threads, user_errors
-from training.data.loaders import load_text_data
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import count_parameters
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
@@ -35,6 +34,12 @@ Bf16Opt = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU).")
 TeacherDirOpt = typer.Option(..., "--teacher", exists=True, file_okay=False, help="Teacher HF directory.")
 TimeLimitOpt = typer.Option(
     None, "--time-limit", min=0.0, help="Stop (everything written, resumable) after this many minutes."
+)
+RawOpt = typer.Option(
+    False,
+    "--raw",
+    help="The text exactly as written (line breaks, headings), as lm-evaluation-harness scores it; "
+    "default: its prose lines, eos between them.",
 )
 
 
@@ -107,6 +112,7 @@ def lm_cache_command(
     blocks: int | None = typer.Option(None, "--blocks", min=1, help="Cache this many blocks (default: all)."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per teacher forward pass."),
     seed: int = typer.Option(0, "--seed", help="Seed of the block order."),
+    raw: bool = RawOpt,
     time_limit: float | None = TimeLimitOpt,
     cpu: bool = CpuOpt,
     threads: int | None = ThreadsOpt,
@@ -127,6 +133,7 @@ def lm_cache_command(
                 train,
                 out,
                 teacher_name=str(teacher),
+                raw=raw,
                 block_size=block_size,
                 top_k=top_k,
                 seed=seed,
@@ -392,6 +399,7 @@ def eval_lm_command(
         None, "--eval-blocks", min=1, help="First N blocks (default: all)."
     ),
     batch_size: int = typer.Option(4, "--batch-size", min=1),
+    raw: bool = RawOpt,
     decode_tokens: int = typer.Option(
         32, "--decode-tokens", min=1, help="Greedy tokens for the decode speed."
     ),
@@ -405,7 +413,7 @@ def eval_lm_command(
     with user_errors():
         device = _device(cpu)
         tokenizer = AutoTokenizer.from_pretrained(teacher)
-        tokens = lm_cache.token_blocks(load_text_data(eval_file).lines, tokenizer, block_size, seed=None)
+        tokens = lm_cache.text_blocks(eval_file, tokenizer, block_size, seed=None, raw=raw)
         blocks = torch.from_numpy(np.asarray(tokens[:eval_blocks], dtype=np.int64))
         prompt = blocks[:1, :16]
         scores: dict[str, dict[str, float]] = {}
@@ -428,6 +436,7 @@ def eval_lm_command(
         "eval": str(eval_file),
         "eval_blocks": len(blocks),
         "block_size": block_size,
+        "raw": raw,
         "device": str(device),
         "threads": torch.get_num_threads(),
         **scores,

@@ -17,7 +17,8 @@
 # text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
 # GEN_BATCH (256), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
 # (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
-# EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
+# RAW (set: the text exactly as written, line breaks and headings kept, for the cache and every score, as
+# lm-evaluation-harness scores it; default: prose lines with eos between them). EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
 # (lm_eval-SIZE.json; the first size picks the best student and is its lm_eval.json).
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
@@ -34,6 +35,7 @@ LR=${LR:-3e-4}
 TRAIN_S=${TRAIN_S:-240}
 MAX_EPOCHS=${MAX_EPOCHS:-10}
 RECIPES=${RECIPES:-"mixed1:1:1"}
+RAW=${RAW:+--raw}
 EVAL_BLOCKS=$(printf '%s\n' ${EVAL_BLOCKS:-$BLOCK 256} | awk '!seen[$0]++')
 FIRST_EVAL=${EVAL_BLOCKS%%$'\n'*}
 mkdir -p "$WORK" "$OUT"
@@ -52,7 +54,7 @@ if [[ -n ${GEN_PROMPTS:-} ]]; then
   train=$WORK/train-plus-generated.txt
 fi
 $PY -m training lm-cache --teacher "$WORK/teacher" --train "$train" --out "$WORK/cache" \
-  --top-k 64 --block-size "$BLOCK" --batch-size "$((64 * 256 / BLOCK > 0 ? 64 * 256 / BLOCK : 1))"
+  --top-k 64 --block-size "$BLOCK" $RAW --batch-size "$((64 * 256 / BLOCK > 0 ? 64 * 256 / BLOCK : 1))"
 stamp cached
 blocks=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['num_blocks'])" "$WORK/cache/meta.json")
 
@@ -96,7 +98,7 @@ for recipe in $RECIPES; do
   tail -n 2 "$WORK/$name.log"
   for block in $EVAL_BLOCKS; do
     $PY -m training eval-lm --teacher "$WORK/teacher" --student "$WORK/$name" \
-      --eval "$DATA/wikitext2_raw_valid.txt" --block-size "$block" \
+      --eval "$DATA/wikitext2_raw_valid.txt" --block-size "$block" $RAW \
       --batch-size "$((16 * 256 / block > 0 ? 16 * 256 / block : 1))" 2>&1 | tail -n 3
     cp "$WORK/$name/lm_eval.json" "$WORK/$name/lm_eval-$block.json"
   done

@@ -38,6 +38,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "LAYERS": "1",
         "BLOCK": "64",  # the knob a long-context student turns the other way (2048)
         "EVAL_BLOCKS": "64 32",  # scored at its own length, then at a shorter one
+        "RAW": "1",  # the text as written, line breaks kept, for the cache and the scores
         "BATCH": "2",
         "STEPS_PER_S": "0.0365",  # a rate known before: no probe; 2 steps = rate x TRAIN_S x 0.55 (two runs)
         "TRAIN_S": "100",
@@ -65,14 +66,17 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     assert len(generated) >= 6
     meta = json.loads((work / "cache" / "meta.json").read_text())
     assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
-    assert meta["block_size"] == 64
+    assert meta["block_size"] == 64 and meta["raw"]
     ratios = {}
     for name, layer_map in (("kd", [0]), ("mixed", [1])):
         state = json.loads((work / name / "train_state.json").read_text())
         assert state["step"] == 2
         assert state["config"]["layer_map"] == layer_map
         scores = {size: json.loads((work / name / f"lm_eval-{size}.json").read_text()) for size in (64, 32)}
-        assert [scores[size]["block_size"] for size in (64, 32)] == [64, 32]
+        assert [(scores[size]["block_size"], scores[size]["raw"]) for size in (64, 32)] == [
+            (64, True),
+            (32, True),
+        ]
         assert json.loads((work / name / "lm_eval.json").read_text()) == scores[64]  # the first picks
         ratios[name] = scores[64]["perplexity_ratio"]
 

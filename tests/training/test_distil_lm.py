@@ -73,6 +73,29 @@ def test_interrupted_cache_build_resumes_to_the_same_arrays(
         _cache(teacher, tokenizer, text, tmp_path / "parts", seed=1)
 
 
+def test_raw_blocks_are_the_text_as_written_and_prose_blocks_its_lines(tokenizer, tmp_path: Path) -> None:
+    written = " = Heading = \n\n" + "\n\n".join(CORPUS[:12]) + "\n"
+    path = tmp_path / "raw.txt"
+    path.write_text(written)
+    raw = lm_cache.text_blocks(path, tokenizer, BLOCK, seed=None, raw=True)
+    assert written.startswith(tokenizer.decode(raw.reshape(-1).tolist()))  # line breaks and headings kept
+    prose = lm_cache.text_blocks(path, tokenizer, BLOCK, seed=None, raw=False)
+    decoded = tokenizer.decode(prose.reshape(-1).tolist())
+    assert "\n" not in decoded and "Heading" not in decoded and tokenizer.eos_token in decoded
+    shuffled = lm_cache.text_blocks(path, tokenizer, BLOCK, seed=0, raw=True)
+    assert sorted(map(tuple, shuffled.tolist())) == sorted(map(tuple, raw.tolist()))
+
+
+def test_a_cache_keeps_the_form_it_was_built_in(teacher, tokenizer, text: Path, tmp_path: Path) -> None:
+    _cache(teacher, tokenizer, text, tmp_path / "raw", raw=True, max_blocks=1)
+    blocks = lm_cache.open_cache(tmp_path / "raw")
+    assert blocks.meta.raw
+    expected = lm_cache.text_blocks(text, tokenizer, BLOCK, seed=0, raw=True)[:1]
+    assert np.array_equal(blocks.tokens, expected)
+    with pytest.raises(ValueError, match="raw"):
+        _cache(teacher, tokenizer, text, tmp_path / "raw", raw=False)  # continuing it as prose lines
+
+
 def test_student_keeping_every_layer_equals_the_teacher(teacher) -> None:
     ids = torch.randint(0, teacher.config.vocab_size, (2, 12))
     same = distil_lm.student_from_teacher(teacher, distil_lm.DistilLMConfig(layers=4)).eval()
@@ -255,13 +278,14 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
             "3",
             "--decode-tokens",
             "2",
+            "--raw",
         ],
     )
     assert result.exit_code == 0, result.output
     assert "student/teacher perplexity" in result.output
     assert (out / "lm_eval.json").exists() and (out / "config.json").exists()
     summary = json.loads((out / "lm_eval.json").read_text())
-    assert 0.0 <= summary["agreement"] <= 1.0
+    assert 0.0 <= summary["agreement"] <= 1.0 and summary["raw"]
     # export reads the pair from distill_report.json, as it does for the other tasks
     record = distillation_record(out)
     assert record is not None and record.metric == "perplexity"
