@@ -1,0 +1,97 @@
+"""Causal-LM students side by side: perplexity ÷ the teacher's at each block length `eval-lm` scored them.
+
+    python -m benchmarks.lm_students --out docs/bench/smollm2-students \\
+        "v4: even 10=build/real/smollm2/student-gpu-generated/lm_eval-gpu-all-valid.json" \\
+        "v5: circuit 12=build/real/smollm2/student-induct12/lm_eval-256.json,build/.../lm_eval-2048.json"
+
+Each argument is LABEL=FILE[,FILE...], the files `eval-lm` wrote (lm_eval.json, or the lm_eval-SIZE.json
+the device script keeps per block size). Writes OUT.md (a table) and OUT.png (the ratio per block length,
+one bar per student): a student that only learned short context shows a tall bar at the long length.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from common.cli import line_console
+
+app = typer.Typer(add_completion=False)
+
+
+def read_scores(spec: str) -> tuple[str, dict[int, dict[str, float]]]:
+    """LABEL=FILE[,FILE...] -> the label and, per block size, that file's ratio, perplexities, agreement."""
+    label, _, files = spec.partition("=")
+    if not label or not files:
+        raise typer.BadParameter(f"expected LABEL=FILE[,FILE...], got {spec!r}")
+    scores: dict[int, dict[str, float]] = {}
+    for name in files.split(","):
+        try:
+            summary = json.loads(Path(name).read_text())
+            scores[int(summary["block_size"])] = {
+                "ratio": summary["perplexity_ratio"],
+                "teacher": summary["teacher"]["perplexity"],
+                "student": summary["student"]["perplexity"],
+                "agreement": summary["agreement"],
+                "blocks": summary["eval_blocks"],
+            }
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise typer.BadParameter(f"{name} is not an eval-lm score file ({err!r})") from err
+    return label, scores
+
+
+def table(students: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:
+    head = " | ".join(f"{size}-token blocks: student (teacher) ÷" for size in sizes)
+    lines = [f"| student | {head} |", "|---|" + "---|" * len(sizes)]
+    for label, scores in students.items():
+        cells = [
+            f"{s['student']:.2f} ({s['teacher']:.2f}) **{s['ratio']:.3f}**"
+            if (s := scores.get(size))
+            else "-"
+            for size in sizes
+        ]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(students: dict[str, dict[int, dict[str, float]]], sizes: list[int], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(students)
+    for i, (label, scores) in enumerate(students.items()):
+        xs = [j + i * width for j, size in enumerate(sizes) if size in scores]
+        ys = [scores[size]["ratio"] for size in sizes if size in scores]
+        bars = ax.bar(xs, ys, width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.25, color="black", linestyle="--", linewidth=1, label="goal 1.25")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [f"{size} tokens" for size in sizes])
+    ax.set_ylabel("student perplexity ÷ teacher's")
+    ax.set_title("WikiText-2 valid, by the length of context scored")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_ylim(0, max(s["ratio"] for scores in students.values() for s in scores.values()) * 1.35)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+@app.command()
+def main(
+    specs: list[str] = typer.Argument(..., help="LABEL=FILE[,FILE...] per student."),
+    out: Path = typer.Option(..., "--out", help="Writes OUT.md and OUT.png."),
+) -> None:
+    students = dict(read_scores(spec) for spec in specs)
+    sizes = sorted({size for scores in students.values() for size in scores})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(table(students, sizes))
+    plot(students, sizes, out.with_suffix(".png"))
+    line_console().print(table(students, sizes), soft_wrap=True)
+
+
+if __name__ == "__main__":
+    app()
