@@ -38,7 +38,8 @@
 # teacher's embeddings (--freeze-embeddings). LM_GENERATE_BATCH: continuations per generate call (8; a GPU
 # takes 256). LM_LAYERS (student depth, 10), LM_LAYER_MAP (teacher layers it copies: empty spreads them evenly,
 # `circuits` keeps the teacher's copying circuit, training/circuits.py, or a list), LM_RAW (set: the text as
-# written, line breaks and headings kept, for cache and score; default: prose lines), LM_BLOCK (tokens a block,
+# written, line breaks and headings kept, for cache and score; default: prose lines), LM_INIT (an earlier
+# student's directory to continue, e.g. on LM_RAW text, in place of a cut of the teacher), LM_BLOCK (tokens a block,
 # cached, trained and scored: 256; a student for long prompts wants 2048 with LM_BATCH=4); another block size
 # or depth gets its own cache and student directory. Version 4 in docs/benchmarks.md (1.23x on 256-token
 # blocks, 2.18x with 2,048 tokens of context) is the even 10-layer recipe on train and 4,352 of the teacher's
@@ -84,6 +85,7 @@ LM_LAYERS=${LM_LAYERS:-10}
 LM_LAYER_MAP=${LM_LAYER_MAP:-}
 LM_BLOCK=${LM_BLOCK:-256}
 LM_RAW=${LM_RAW:+--raw}
+LM_INIT=${LM_INIT:-}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 LM_GENERATE=${LM_GENERATE:-}
@@ -200,6 +202,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   (( LM_BLOCK != 256 )) && block=-block$LM_BLOCK
   [[ -n $LM_RAW ]] && block+=-raw
   [[ $LM_LAYERS != 10 || -n $LM_LAYER_MAP ]] && depth=-${LM_LAYERS}layers${LM_LAYER_MAP:+-${LM_LAYER_MAP//,/.}}
+  [[ -n $LM_INIT ]] && depth=-from-$(basename "$LM_INIT")
   local train=$DATA/wikitext2_raw_train.txt cache=$d/cache$block student=$d/student$block$depth
   [[ -d $d/teacher ]] || { echo "run scripts/real-data.sh smollm2 first (imports the teacher)" >&2; exit 1; }
   [[ $MP == bf16 ]] && bf16=--bf16
@@ -219,7 +222,8 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$train" \
     --out "$cache" --top-k 64 --block-size "$LM_BLOCK" $LM_RAW --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
   timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
-    --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
+    --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} ${LM_INIT:+--init "$LM_INIT"} \
+    --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
     --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --block-size "$LM_BLOCK" $LM_RAW \

@@ -260,6 +260,14 @@ def distil_lm_command(
         help="Teacher layers to copy, e.g. 0,3,6; 'circuits': the layers of its copying circuit "
         "(lm-circuits); default: spread evenly.",
     ),
+    init: Path | None = typer.Option(
+        None,
+        "--init",
+        exists=True,
+        file_okay=False,
+        help="Start from an earlier student of this teacher (its layers and map) instead of cutting the "
+        "teacher: continue it on other text, e.g. a --raw cache.",
+    ),
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps of the whole run."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per micro-batch."),
     grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step."),
@@ -282,6 +290,8 @@ def distil_lm_command(
     """Train a shallower student from the teacher's cached top-k logits; run again to resume (the
     checkpoint's settings win over the flags)."""
     check_out(out, str(teacher), "teacher")
+    if init is not None and layer_map is not None:
+        raise typer.BadParameter("an --init student keeps its own layers: drop one", param_hint="--layer-map")
     setup_threads(threads)
     console = line_console(stderr=True)
     with user_errors():
@@ -308,6 +318,7 @@ def distil_lm_command(
                 seed=seed,
                 bf16=bf16,
                 freeze_embeddings=freeze_embeddings,
+                init=str(init or ""),
             )
         student = distil_lm.student_from_teacher(teacher_model, config)
         student.to(device)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from training.lm_cache import CachedBlocks
 from training.losses import LossTerms, top_k_distillation_loss
@@ -51,18 +51,40 @@ class DistilLMConfig:
     num_blocks: int = 0  # cache blocks used, fixed at the first start
     bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
     freeze_embeddings: bool = False  # keep the teacher's token embeddings (and the head tied to them)
+    init: str = ""  # an earlier student's directory to start from (its layers, its map); "": cut the teacher
 
 
 # --------------------------------------------------------------------------- student
 
 
 def student_from_teacher(teacher: PreTrainedModel, config: DistilLMConfig) -> PreTrainedModel:
-    """Embeddings, final norm and (tied) head copied; layer i is teacher layer layer_map[i]."""
+    """Embeddings, final norm and (tied) head copied; layer i is teacher layer layer_map[i].
+
+    With `config.init`, an earlier student instead (continued on other text, e.g. the text as written):
+    its depth and layer map are taken, and it must share the teacher's width and vocabulary."""
+    if config.init:
+        return _earlier_student(teacher, config)
     if not config.layer_map:
         config.layer_map = default_layer_map(int(teacher.config.num_hidden_layers), config.layers)
     student = make_student(teacher, config.layers, config.layer_map)
     if config.freeze_embeddings:
         student.get_input_embeddings().requires_grad_(False)  # a tied head is the same tensor
+    return student
+
+
+def _earlier_student(teacher: PreTrainedModel, config: DistilLMConfig) -> PreTrainedModel:
+    student: PreTrainedModel = AutoModelForCausalLM.from_pretrained(config.init, dtype=torch.float32)
+    for setting in ("vocab_size", "hidden_size", "model_type"):
+        if getattr(student.config, setting) != getattr(teacher.config, setting):
+            raise ValueError(
+                f"{config.init} is not a student of this teacher: its {setting} is "
+                f"{getattr(student.config, setting)}, the teacher's {getattr(teacher.config, setting)}"
+            )
+    state = Path(config.init) / "train_state.json"
+    config.layers = int(student.config.num_hidden_layers)
+    config.layer_map = json.loads(state.read_text())["config"]["layer_map"] if state.exists() else []
+    if config.freeze_embeddings:
+        student.get_input_embeddings().requires_grad_(False)
     return student
 
 

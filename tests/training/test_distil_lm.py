@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from export.manifest import distillation_record
@@ -115,6 +117,23 @@ def test_student_keeping_every_layer_equals_the_teacher(teacher) -> None:
         distil_lm.student_from_teacher(teacher, distil_lm.DistilLMConfig(layers=2)).config.num_hidden_layers
         == 2
     )
+
+
+def test_an_earlier_student_is_continued_with_its_own_layers(teacher, tokenizer, tmp_path: Path) -> None:
+    first = distil_lm.DistilLMConfig(layers=2, layer_map=[1, 3])
+    student = distil_lm.student_from_teacher(teacher, first)
+    student.save_pretrained(tmp_path / "v1")
+    (tmp_path / "v1" / "train_state.json").write_text(json.dumps({"config": asdict(first)}))
+    again = distil_lm.DistilLMConfig(layers=10, init=str(tmp_path / "v1"), freeze_embeddings=True)
+    continued = distil_lm.student_from_teacher(teacher, again)
+    assert (again.layers, again.layer_map) == (2, [1, 3])  # the earlier student's, not the flags'
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(continued(ids).logits, student(ids).logits)
+    assert not continued.get_input_embeddings().weight.requires_grad
+    wider = tiny_llama(len(tokenizer), num_hidden_layers=2, hidden_size=48)
+    with pytest.raises(ValueError, match="not a student of this teacher: its hidden_size"):
+        distil_lm.student_from_teacher(wider, distil_lm.DistilLMConfig(init=str(tmp_path / "v1")))
 
 
 def test_top_k_loss_is_the_full_kl_when_k_is_the_vocabulary() -> None:
@@ -292,3 +311,24 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     assert record.teacher.score == summary["teacher"]["perplexity"]
     assert record.student.score == summary["student"]["perplexity"]
     assert record.agreement == summary["agreement"] and record.teacher.source == str(teacher_dir)
+
+    # continued from that student (on any cache of the teacher): its layers, its weights at the start
+    again = [
+        "distil-lm",
+        *common,
+        "--cache",
+        str(cache),
+        "--out",
+        str(tmp_path / "again"),
+        "--init",
+        str(out),
+    ]
+    refused = runner.invoke(app, [*again, "--layer-map", "0"])
+    assert refused.exit_code == 2 and "keeps its own layers" in refused.output
+    result = runner.invoke(app, [*again, "--steps", "1", "--lr", "0", "--batch-size", "2"])
+    assert result.exit_code == 0, result.output
+    before = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "again").state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)  # learning rate 0: unchanged
+    state = json.loads((tmp_path / "again" / "train_state.json").read_text())
+    assert state["config"]["init"] == str(out) and state["config"]["layers"] == 1
