@@ -3,6 +3,9 @@
 # WikiText-2 train, distil one 10-layer student per recipe in parallel for a fixed training budget (the step
 # count sized from a short probe so the cosine schedule ends inside it), score each on all of WikiText-2
 # valid, and pack the best for a machine that takes back little (scripts/device/pack_student.py).
+# A lent machine hands back at most 8 files and 64 MiB a call: OUT holds the 6 files of the pack alone. A
+# 10-layer pack is 58 MiB; a 12-layer one 70 MiB, so its last part comes back from a second call on the warm
+# machine (`pack_student.py pack` again into a new folder: the pack is the same bytes, checksummed).
 #
 #   scripts/device/smollm2_student.sh GGUF DATA WORK OUT
 #
