@@ -39,7 +39,8 @@
 # takes 256). LM_LAYERS (student depth, 10), LM_LAYER_MAP (teacher layers it copies: empty spreads them evenly,
 # `circuits` keeps the teacher's copying circuit, training/circuits.py, or a list), LM_RAW (set: the text as
 # written, line breaks and headings kept, for cache and score; default: prose lines), LM_INIT (an earlier
-# student's directory to continue, e.g. on LM_RAW text, in place of a cut of the teacher), LM_BLOCK (tokens a block,
+# student's directory to continue, e.g. on LM_RAW text, in place of a cut of the teacher; LM_LR, its peak
+# learning rate, 3e-4), LM_BLOCK (tokens a block,
 # cached, trained and scored: 256; a student for long prompts wants 2048 with LM_BATCH=4); another block size
 # or depth gets its own cache and student directory. Version 4 in docs/benchmarks.md (1.23x on 256-token
 # blocks, 2.18x with 2,048 tokens of context) is the even 10-layer recipe on train and 4,352 of the teacher's
@@ -86,6 +87,7 @@ LM_LAYER_MAP=${LM_LAYER_MAP:-}
 LM_BLOCK=${LM_BLOCK:-256}
 LM_RAW=${LM_RAW:+--raw}
 LM_INIT=${LM_INIT:-}
+LM_LR=${LM_LR:-3e-4}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
 LM_GENERATE=${LM_GENERATE:-}
@@ -223,7 +225,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --out "$cache" --top-k 64 --block-size "$LM_BLOCK" $LM_RAW --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
   timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
     --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} ${LM_INIT:+--init "$LM_INIT"} \
-    --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr 3e-4 --warmup-steps "$warmup" --temperature 1 \
+    --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr "$LM_LR" --warmup-steps "$warmup" --temperature 1 \
     --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --block-size "$LM_BLOCK" $LM_RAW \
