@@ -224,7 +224,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   timed smollm2-cache $PY -m training lm-cache --teacher "$d/teacher" --train "$train" \
     --out "$cache" --top-k 64 --block-size "$LM_BLOCK" $LM_RAW --blocks "$LM_BLOCKS" --batch-size 4 $(lm_limit)
   timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
-    --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} ${LM_INIT:+--init "$LM_INIT"} \
+    --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} ${LM_INIT:+--student-init "$LM_INIT"} \
     --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr "$LM_LR" --warmup-steps "$warmup" --temperature 1 \
     --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \

@@ -29,6 +29,7 @@ from training.cli_common import (
     PrecisionOpt,
     ResumeOpt,
     SeedOpt,
+    StudentInitOpt,
     TaskOpt,
     ThreadsOpt,
     TrainOpt,
@@ -185,14 +186,7 @@ def distill_command(
     checkpoint_dir: Path | None = CheckpointDirOpt,
     checkpoint_every: int | None = CheckpointEveryOpt,
     resume: str | None = ResumeOpt,
-    student_init: Path | None = typer.Option(
-        None,
-        "--student-init",
-        exists=True,
-        file_okay=False,
-        help="Start from this student (e.g. general-distill's output) instead of cutting one from the "
-        "teacher; its depth and layer map replace --layers/--layer-map.",
-    ),
+    student_init: Path | None = StudentInitOpt,
 ) -> None:
     """Distil a student from a trained teacher; writes an HF dir + distill_report.json (both scores)."""
     task = check_task(task)

@@ -92,6 +92,15 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(1) from err
 
 
+StudentInitOpt = typer.Option(
+    None,
+    "--student-init",
+    exists=True,
+    file_okay=False,
+    help="Start from this student (an earlier run's, or general-distill's output) instead of cutting one "
+    "from the teacher; its depth and layer map replace --layers/--layer-map.",
+)
+
 # Options shared by `teacher` and `distill`.
 TaskOpt = typer.Option("text-classification", "--task", help=f"Task: {', '.join(TASKS)}.")
 TrainOpt = typer.Option(None, "--train", exists=True, dir_okay=False, help=f"Training data: {DATA_HELP}.")

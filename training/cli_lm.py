@@ -24,7 +24,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from common.cli import line_console
 from common.progress import ProgressLog
 from training import circuits, distil_lm, lm_cache, lm_generate
-from training.cli_common import ThreadsOpt, app, check_out, parse_layer_map, setup_threads, user_errors
+from training.cli_common import (
+    StudentInitOpt,
+    ThreadsOpt,
+    app,
+    check_out,
+    parse_layer_map,
+    setup_threads,
+    user_errors,
+)
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import count_parameters
 from training.report import DISTILL_REPORT, file_sha256, now, write_report
@@ -260,14 +268,7 @@ def distil_lm_command(
         help="Teacher layers to copy, e.g. 0,3,6; 'circuits': the layers of its copying circuit "
         "(lm-circuits); default: spread evenly.",
     ),
-    init: Path | None = typer.Option(
-        None,
-        "--init",
-        exists=True,
-        file_okay=False,
-        help="Start from an earlier student of this teacher (its layers and map) instead of cutting the "
-        "teacher: continue it on other text, e.g. a --raw cache.",
-    ),
+    student_init: Path | None = StudentInitOpt,
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps of the whole run."),
     batch_size: int = typer.Option(4, "--batch-size", min=1, help="Blocks per micro-batch."),
     grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimiser step."),
@@ -290,8 +291,8 @@ def distil_lm_command(
     """Train a shallower student from the teacher's cached top-k logits; run again to resume (the
     checkpoint's settings win over the flags)."""
     check_out(out, str(teacher), "teacher")
-    if init is not None and layer_map is not None:
-        raise typer.BadParameter("an --init student keeps its own layers: drop one", param_hint="--layer-map")
+    if student_init is not None and layer_map is not None:
+        raise typer.BadParameter("a --student-init student keeps its own layers", param_hint="--layer-map")
     setup_threads(threads)
     console = line_console(stderr=True)
     with user_errors():
@@ -318,7 +319,7 @@ def distil_lm_command(
                 seed=seed,
                 bf16=bf16,
                 freeze_embeddings=freeze_embeddings,
-                init=str(init or ""),
+                student_init=str(student_init or ""),
             )
         student = distil_lm.student_from_teacher(teacher_model, config)
         student.to(device)  # type: ignore[arg-type]

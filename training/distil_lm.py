@@ -51,7 +51,7 @@ class DistilLMConfig:
     num_blocks: int = 0  # cache blocks used, fixed at the first start
     bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
     freeze_embeddings: bool = False  # keep the teacher's token embeddings (and the head tied to them)
-    init: str = ""  # an earlier student's directory to start from (its layers, its map); "": cut the teacher
+    student_init: str = ""  # an earlier student's directory to start from (its layers, its map); "": a cut
 
 
 # --------------------------------------------------------------------------- student
@@ -60,9 +60,9 @@ class DistilLMConfig:
 def student_from_teacher(teacher: PreTrainedModel, config: DistilLMConfig) -> PreTrainedModel:
     """Embeddings, final norm and (tied) head copied; layer i is teacher layer layer_map[i].
 
-    With `config.init`, an earlier student instead (continued on other text, e.g. the text as written):
-    its depth and layer map are taken, and it must share the teacher's width and vocabulary."""
-    if config.init:
+    With `config.student_init`, an earlier student instead (continued on other text, e.g. the text as
+    written): its depth and layer map are taken, and it must share the teacher's width and vocabulary."""
+    if config.student_init:
         return _earlier_student(teacher, config)
     if not config.layer_map:
         config.layer_map = default_layer_map(int(teacher.config.num_hidden_layers), config.layers)
@@ -73,14 +73,14 @@ def student_from_teacher(teacher: PreTrainedModel, config: DistilLMConfig) -> Pr
 
 
 def _earlier_student(teacher: PreTrainedModel, config: DistilLMConfig) -> PreTrainedModel:
-    student: PreTrainedModel = AutoModelForCausalLM.from_pretrained(config.init, dtype=torch.float32)
+    student: PreTrainedModel = AutoModelForCausalLM.from_pretrained(config.student_init, dtype=torch.float32)
     for setting in ("vocab_size", "hidden_size", "model_type"):
         if getattr(student.config, setting) != getattr(teacher.config, setting):
             raise ValueError(
-                f"{config.init} is not a student of this teacher: its {setting} is "
+                f"{config.student_init} is not a student of this teacher: its {setting} is "
                 f"{getattr(student.config, setting)}, the teacher's {getattr(teacher.config, setting)}"
             )
-    state = Path(config.init) / "train_state.json"
+    state = Path(config.student_init) / "train_state.json"
     config.layers = int(student.config.num_hidden_layers)
     config.layer_map = json.loads(state.read_text())["config"]["layer_map"] if state.exists() else []
     if config.freeze_embeddings:

@@ -124,7 +124,7 @@ def test_an_earlier_student_is_continued_with_its_own_layers(teacher, tokenizer,
     student = distil_lm.student_from_teacher(teacher, first)
     student.save_pretrained(tmp_path / "v1")
     (tmp_path / "v1" / "train_state.json").write_text(json.dumps({"config": asdict(first)}))
-    again = distil_lm.DistilLMConfig(layers=10, init=str(tmp_path / "v1"), freeze_embeddings=True)
+    again = distil_lm.DistilLMConfig(layers=10, student_init=str(tmp_path / "v1"), freeze_embeddings=True)
     continued = distil_lm.student_from_teacher(teacher, again)
     assert (again.layers, again.layer_map) == (2, [1, 3])  # the earlier student's, not the flags'
     ids = torch.arange(12)[None]
@@ -133,7 +133,7 @@ def test_an_earlier_student_is_continued_with_its_own_layers(teacher, tokenizer,
     assert not continued.get_input_embeddings().weight.requires_grad
     wider = tiny_llama(len(tokenizer), num_hidden_layers=2, hidden_size=48)
     with pytest.raises(ValueError, match="not a student of this teacher: its hidden_size"):
-        distil_lm.student_from_teacher(wider, distil_lm.DistilLMConfig(init=str(tmp_path / "v1")))
+        distil_lm.student_from_teacher(wider, distil_lm.DistilLMConfig(student_init=str(tmp_path / "v1")))
 
 
 def test_top_k_loss_is_the_full_kl_when_k_is_the_vocabulary() -> None:
@@ -320,7 +320,7 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
         str(cache),
         "--out",
         str(tmp_path / "again"),
-        "--init",
+        "--student-init",
         str(out),
     ]
     refused = runner.invoke(app, [*again, "--layer-map", "0"])
@@ -331,4 +331,4 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "again").state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)  # learning rate 0: unchanged
     state = json.loads((tmp_path / "again" / "train_state.json").read_text())
-    assert state["config"]["init"] == str(out) and state["config"]["layers"] == 1
+    assert state["config"]["student_init"] == str(out) and state["config"]["layers"] == 1
