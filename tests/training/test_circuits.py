@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from tests.tiny_models import CORPUS, llama_bpe, tiny_llama
+from tests.training.lm_cli import cache_with_cli
 from training import circuits
 from training.cli import app
 
@@ -111,22 +112,7 @@ def test_cli_names_the_circuit_and_distil_lm_cuts_through_it(
     text = tmp_path / "train.txt"
     text.write_text("\n".join(CORPUS[:24]) + "\n")
     cache, student = tmp_path / "cache", tmp_path / "student"
-    result = runner.invoke(
-        app,
-        [
-            "lm-cache",
-            *common,
-            "--train",
-            str(text),
-            "--out",
-            str(cache),
-            "--block-size",
-            "16",
-            "--top-k",
-            "4",
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    cache_with_cli(teacher, text, cache, 16, 4)
     result = runner.invoke(
         app,
         [

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from export.manifest import distillation_record
 from tests.tiny_models import CORPUS, build_tiny_llama, llama_bpe, tiny_llama
+from tests.training.lm_cli import cache_with_cli
 from training import distil_lm, lm_cache
 from training.cli import app
 from training.losses import distillation_loss, top_k_distillation_loss
@@ -248,22 +249,7 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     runner = CliRunner()
     cache, out = tmp_path / "cache", tmp_path / "student"
     common = ["--teacher", str(teacher_dir), "--threads", "1"]
-    result = runner.invoke(
-        app,
-        [
-            "lm-cache",
-            *common,
-            "--train",
-            str(text),
-            "--out",
-            str(cache),
-            "--block-size",
-            str(BLOCK),
-            "--top-k",
-            str(K),
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    cache_with_cli(teacher_dir, text, cache, BLOCK, K)
     train = [
         "distil-lm",
         *common,
