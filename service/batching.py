@@ -28,9 +28,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
+from service.batch_items import Outcome, Pending, Ticket
 from service.batch_policy import (
     BatchCaps,
     BatcherClosedError,
@@ -70,63 +70,6 @@ class ClientWork:
         return any(b.client_queued or b.client_running for b in self.batchers)
 
 
-class Outcome(Protocol[R_contra]):
-    """Where an item's result goes: an asyncio future (`submit`) or a `Ticket` (`enqueue`)."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: R_contra, /) -> None: ...
-
-    def set_exception(self, error: BaseException, /) -> None: ...
-
-
-class Ticket(Generic[R]):
-    """An enqueued item's outcome, handed to a callback once (on the event loop)."""
-
-    __slots__ = ("_callback", "_done", "pending", "timer")
-
-    def __init__(self, callback: Callable[[R | None, BaseException | None], None]) -> None:
-        self._callback = callback
-        self._done = False
-        self.pending: _Pending[Any, R] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: R, /) -> None:
-        if self._finish():
-            self._callback(result, None)
-
-    def set_exception(self, error: BaseException, /) -> None:
-        if self._finish():
-            self._callback(None, error)
-
-    def cancel(self) -> None:
-        self._finish()
-
-    def _finish(self) -> bool:
-        if self._done:
-            return False
-        self._done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        return True
-
-
-@dataclass(eq=False)
-class _Pending(Generic[T, R]):
-    item: T
-    cost: int
-    future: Outcome[R]
-    enqueued_at: float
-    deadline: float | None
-    seq: int
-    taken: bool = False
-    timing: ItemTiming | None = None
-    shadow: bool = False  # lowest priority (see the module's docstring)
-
-
 class MicroBatcher(Generic[T, R]):
     """Coalesces concurrent `submit()` calls into `run_batch(items)` calls on `concurrency` engine threads.
 
@@ -164,7 +107,7 @@ class MicroBatcher(Generic[T, R]):
         self._on_queue_depth = on_queue_depth
         self._planner = planner
         self._trace_batch = trace_batch  # tracing on: a span for each call carrying a traced item
-        self._queue: list[_Pending[T, R]] = []  # changed under the lock only: the loop and the engine threads
+        self._queue: list[Pending[T, R]] = []  # changed under the lock only: the loop and the engine threads
         self._work = threading.Condition(threading.Lock())
         self._seq = itertools.count()
         self._closing = False
@@ -266,7 +209,7 @@ class MicroBatcher(Generic[T, R]):
         timeout_s: float | None,
         timing: ItemTiming | None,
         shadow: bool = False,
-    ) -> _Pending[T, R]:
+    ) -> Pending[T, R]:
         if self._closing:
             raise BatcherClosedError("the server is shutting down and takes no new work")
         if shadow:
@@ -274,7 +217,7 @@ class MicroBatcher(Generic[T, R]):
         elif len(self._queue) >= self.policy.max_queue and not self._evict_shadow():
             raise QueueFullError(self._retry_after_s())
         now = time.monotonic()
-        pending = _Pending(
+        pending = Pending(
             item=item,
             cost=max(1, self._cost(item)),
             future=outcome,
@@ -316,12 +259,12 @@ class MicroBatcher(Generic[T, R]):
             victim.future.set_exception(QueueFullError(self._retry_after_s()))
         return True
 
-    def _expire(self, pending: _Pending[T, R], timeout_s: float) -> None:
+    def _expire(self, pending: Pending[T, R], timeout_s: float) -> None:
         """The deadline passed: a queued item is dropped with a 504; one already computing is waited for."""
         if self._remove(pending) and not pending.future.done():
             pending.future.set_exception(DeadlineExceededError(f"not started within {timeout_s:g} s"))
 
-    def _remove(self, pending: _Pending[T, R]) -> bool:
+    def _remove(self, pending: Pending[T, R]) -> bool:
         """Take a still-queued item out; False when an engine thread has already taken it."""
         with self._work:
             if pending.taken or pending not in self._queue:
@@ -360,7 +303,7 @@ class MicroBatcher(Generic[T, R]):
             under_load = bool(self._queue)
             self._post(self._resolve, batch, results, failure, started, self._last_run_s)
 
-    def _next_batch(self, under_load: bool) -> list[_Pending[T, R]] | None:
+    def _next_batch(self, under_load: bool) -> list[Pending[T, R]] | None:
         with self._work:
             while True:
                 self._drop_stale()
@@ -397,7 +340,7 @@ class MicroBatcher(Generic[T, R]):
             if remaining <= 0 or not self._work.wait(remaining):
                 return
 
-    def _take_batch(self, caps: BatchCaps) -> list[_Pending[T, R]]:
+    def _take_batch(self, caps: BatchCaps) -> list[Pending[T, R]]:
         items = self._queue
         client = [i for i, p in enumerate(items) if not p.shadow]
         pool = client if client else list(range(len(items)))  # shadows alone only when no client waits
@@ -441,7 +384,7 @@ class MicroBatcher(Generic[T, R]):
 
     def _resolve(
         self,
-        batch: list[_Pending[T, R]],
+        batch: list[Pending[T, R]],
         results: Sequence[R],
         failure: Exception | None,
         started: float,
@@ -494,7 +437,7 @@ class MicroBatcher(Generic[T, R]):
             return ""
 
     @staticmethod
-    def _fail_late(pending: _Pending[T, R]) -> None:
+    def _fail_late(pending: Pending[T, R]) -> None:
         if not pending.future.done():
             pending.future.set_exception(DeadlineExceededError("deadline passed while queued"))
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import ipc
+from service.batch_items import Ticket
 from service.batch_policy import (
     BatcherClosedError,
     DeadlineExceededError,
@@ -33,7 +34,7 @@ from service.batch_policy import (
     QueueFullError,
     QueueTooSmallError,
 )
-from service.batching import MicroBatcher, Ticket
+from service.batching import MicroBatcher
 from service.engine import EngineError
 from service.generation.engine import Produced
 from service.generation.sequence import Sequence as GenSequence
