@@ -1,6 +1,6 @@
 """What the training CLI's commands share: the typer app they register on, the options several take, and
-the checks and helpers behind them (training/cli.py, cli_stages.py, cli_lm.py and cli_embeddings.py hold the
-commands; importing training.cli registers them all)."""
+the checks and helpers behind them (training/cli.py, cli_stages.py, cli_lm.py, cli_lm_eval.py and
+cli_embeddings.py hold the commands; importing training.cli registers them all)."""
 
 from __future__ import annotations
 

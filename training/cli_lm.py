@@ -1,5 +1,6 @@
-"""`python -m training import | lm-cache | lm-generate | lm-circuits | distil-lm | eval-lm`: a causal-LM
-teacher brought in (a GGUF file or a local HF directory), and a student from a cache of its logits.
+"""`python -m training import | lm-cache | lm-generate | lm-circuits | distil-lm`: a causal-LM teacher
+brought in (a GGUF file or a local HF directory), and a student from a cache of its logits (`eval-lm`, which
+scores the pair, is in cli_lm_eval.py).
 
 The steps, each resumable by running it again with the same arguments: build the teacher's top-k cache
 (training/lm_cache.py), optionally over more text the teacher writes itself (training/lm_generate.py), train
@@ -10,13 +11,10 @@ perplexity and speed side by side in one process.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import typer
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -35,7 +33,6 @@ from training.cli_common import (
 )
 from training.import_lm import DEFAULT_PROBE, import_causal_lm
 from training.models import count_parameters
-from training.report import DISTILL_REPORT, file_sha256, now, write_report
 
 CpuOpt = typer.Option(False, "--cpu", help="Run on CPU even when a GPU is present.")
 Bf16Opt = typer.Option(False, "--bf16", help="bfloat16 autocast (GPU).")
@@ -51,11 +48,11 @@ RawOpt = typer.Option(
 )
 
 
-def _device(cpu: bool) -> torch.device:
+def pick_device(cpu: bool) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
 
 
-def _load(path: str | Path, device: torch.device) -> PreTrainedModel:
+def load_lm(path: str | Path, device: torch.device) -> PreTrainedModel:
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device).eval()  # type: ignore[arg-type]
 
@@ -130,7 +127,7 @@ def lm_cache_command(
     setup_threads(threads)
     console = line_console(stderr=True)
     with user_errors():
-        model = _load(teacher, _device(cpu))
+        model = load_lm(teacher, pick_device(cpu))
         tokenizer = AutoTokenizer.from_pretrained(teacher)
         started = time.monotonic()
         done_before = lm_cache.blocks_done(out) if (out / "meta.json").exists() else 0
@@ -195,7 +192,7 @@ def lm_generate_command(
         seed=seed,
     )
     with user_errors():
-        model = _load(teacher, _device(cpu))
+        model = load_lm(teacher, pick_device(cpu))
         tokenizer = AutoTokenizer.from_pretrained(teacher)
         started = time.monotonic()
         done_before = lm_generate.prompts_done(out) if out.exists() else 0
@@ -238,7 +235,7 @@ def lm_circuits_command(
             f"expected comma-separated depths, got {layers!r}", param_hint="--layers"
         ) from err
     with user_errors():
-        model = _load(teacher, torch.device("cpu"))
+        model = load_lm(teacher, torch.device("cpu"))
         scores = circuits.circuit_scores(model, span=span, sequences=sequences)
         maps = {depth: circuits.circuit_layer_map(scores, depth) for depth in depths}
     console.print("layer  induction  previous-token  (best head's mean attention on the target)")
@@ -297,8 +294,8 @@ def distil_lm_command(
     console = line_console(stderr=True)
     with user_errors():
         torch.manual_seed(seed)
-        device = _device(cpu)
-        teacher_model = _load(teacher, torch.device("cpu"))
+        device = pick_device(cpu)
+        teacher_model = load_lm(teacher, torch.device("cpu"))
         state = distil_lm.load_checkpoint(out)
         if state is not None:
             config = distil_lm.DistilLMConfig(**state["config"])  # type: ignore[arg-type]
@@ -361,115 +358,5 @@ def distil_lm_command(
     console.print(
         f"{out}: step {step}/{config.steps} ({'done' if step >= config.steps else 'run again to continue'}); "
         f"{config.layers} layers {config.layer_map}, {count_parameters(student):,} parameters",
-        soft_wrap=True,
-    )
-
-
-def distill_report(teacher: Path, student: Path, eval_file: Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """The scores in the shape of `distill`'s report (training.report), so that `python -m export` puts
-    the teacher, both perplexities and their agreement into the student's manifest, as for other tasks."""
-    t, s = summary["teacher"], summary["student"]
-    state = (
-        json.loads((student / "train_state.json").read_text())
-        if (student / "train_state.json").exists()
-        else {}
-    )
-    return {
-        "task": "text-generation",
-        "metric": "perplexity",
-        "higher_is_better": False,
-        "eval": {"source": str(eval_file), "examples": int(s["tokens"]), "sha256": file_sha256(eval_file)},
-        "recipe": {"stage": "distil-lm (cached top-k logits)", **state.get("config", {})},
-        "teacher": {
-            "source": str(teacher),
-            "score": t["perplexity"],
-            "params": t["params"],
-            "layers": t["layers"],
-        },
-        "student": {
-            "score": s["perplexity"],
-            "params": s["params"],
-            "layers": s["layers"],
-            "layer_map": state.get("config", {}).get("layer_map"),
-        },
-        "agreement": summary["agreement"],
-        "created_at": now(),
-    }
-
-
-@app.command(name="eval-lm")
-def eval_lm_command(
-    teacher: Path = TeacherDirOpt,
-    student: Path = typer.Option(
-        ..., "--student", exists=True, file_okay=False, help="Student HF directory."
-    ),
-    eval_file: Path = typer.Option(
-        ..., "--eval", exists=True, dir_okay=False, help="Plain text (e.g. valid)."
-    ),
-    block_size: int = typer.Option(256, "--block-size", min=8),
-    eval_blocks: int | None = typer.Option(
-        None, "--eval-blocks", min=1, help="First N blocks (default: all)."
-    ),
-    batch_size: int = typer.Option(4, "--batch-size", min=1),
-    raw: bool = RawOpt,
-    decode_tokens: int = typer.Option(
-        32, "--decode-tokens", min=1, help="Greedy tokens for the decode speed."
-    ),
-    cpu: bool = CpuOpt,
-    threads: int | None = ThreadsOpt,
-) -> None:
-    """Perplexity of teacher and student on the same blocks of the eval text (in text order), and their
-    speed side by side in this process: forward tokens/s over those blocks, greedy decode tokens/s."""
-    setup_threads(threads)
-    console = line_console()
-    with user_errors():
-        device = _device(cpu)
-        tokenizer = AutoTokenizer.from_pretrained(teacher)
-        tokens = lm_cache.text_blocks(eval_file, tokenizer, block_size, seed=None, raw=raw)
-        blocks = torch.from_numpy(np.asarray(tokens[:eval_blocks], dtype=np.int64))
-        prompt = blocks[:1, :16]
-        scores: dict[str, dict[str, float]] = {}
-        choices: dict[str, list[torch.Tensor]] = {"teacher": [], "student": []}
-        for name, path in (("teacher", teacher), ("student", student)):
-            model = _load(path, device)
-            with ProgressLog(f"eval-lm {name}", active=True):
-                ppl = distil_lm.perplexity(model, blocks, batch_size, choices[name])
-                decode = distil_lm.decode_speed(model, prompt, decode_tokens)
-            scores[name] = {
-                **ppl,
-                "decode_tokens_per_s": decode["tokens_per_s"],
-                "layers": int(model.config.num_hidden_layers),
-                "params": count_parameters(model),
-            }
-            del model
-    t, s = scores["teacher"], scores["student"]
-    agreement = float((torch.cat(choices["teacher"]) == torch.cat(choices["student"])).float().mean())
-    summary = {
-        "eval": str(eval_file),
-        "eval_blocks": len(blocks),
-        "block_size": block_size,
-        "raw": raw,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        **scores,
-        "perplexity_ratio": s["perplexity"] / t["perplexity"],
-        "forward_speedup": s["tokens_per_s"] / t["tokens_per_s"],
-        "decode_speedup": s["decode_tokens_per_s"] / t["decode_tokens_per_s"],
-        "agreement": agreement,
-    }
-    distil_lm.write_json(student / "lm_eval.json", summary)
-    write_report(student, DISTILL_REPORT, distill_report(teacher, student, eval_file, summary))
-    for name, row in scores.items():
-        console.print(
-            f"{name}: {row['layers']:.0f} layers, perplexity {row['perplexity']:.2f}, forward "
-            f"{row['tokens_per_s']:.0f} tokens/s, decode {row['decode_tokens_per_s']:.1f} tokens/s",
-            soft_wrap=True,
-        )
-    console.print(
-        f"student/teacher perplexity {s['perplexity'] / t['perplexity']:.3f}, next-token agreement "
-        f"{agreement:.3f}; speed-up forward "
-        f"{s['tokens_per_s'] / t['tokens_per_s']:.2f}x, decode "
-        f"{s['decode_tokens_per_s'] / t['decode_tokens_per_s']:.2f}x "
-        f"({len(blocks)} blocks x {block_size} tokens of {eval_file})",
         soft_wrap=True,
     )
