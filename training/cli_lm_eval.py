@@ -87,11 +87,13 @@ def eval_lm_command(
         prompt = blocks[:1, :16]
         scores: dict[str, dict[str, float]] = {}
         choices: dict[str, list[torch.Tensor]] = {"teacher": [], "student": []}
+        windows: dict[str, list[dict[str, float]]] = {}
         for name, path in (("teacher", teacher), ("student", student)):
             model = load_lm(path, device)
             with ProgressLog(f"eval-lm {name}", active=True):
                 ppl = distil_lm.perplexity(model, blocks, batch_size, choices[name])
                 decode = distil_lm.decode_speed(model, prompt, decode_tokens)
+            windows[name] = ppl.pop("by_position")
             scores[name] = {
                 **ppl,
                 "decode_tokens_per_s": decode["tokens_per_s"],
@@ -101,6 +103,16 @@ def eval_lm_command(
             del model
     t, s = scores["teacher"], scores["student"]
     agreement = float((torch.cat(choices["teacher"]) == torch.cat(choices["student"])).float().mean())
+    by_position = [
+        {
+            "from": tw["from"],
+            "to": tw["to"],
+            "teacher": tw["perplexity"],
+            "student": sw["perplexity"],
+            "ratio": sw["perplexity"] / tw["perplexity"],
+        }
+        for tw, sw in zip(windows["teacher"], windows["student"], strict=True)
+    ]
     summary = {
         "eval": str(eval_file),
         "eval_blocks": len(blocks),
@@ -113,6 +125,7 @@ def eval_lm_command(
         "forward_speedup": s["tokens_per_s"] / t["tokens_per_s"],
         "decode_speedup": s["decode_tokens_per_s"] / t["decode_tokens_per_s"],
         "agreement": agreement,
+        "by_position": by_position,
     }
     distil_lm.write_json(student / "lm_eval.json", summary)
     write_report(student, DISTILL_REPORT, distill_report(teacher, student, eval_file, summary))
@@ -130,3 +143,9 @@ def eval_lm_command(
         f"({len(blocks)} blocks x {block_size} tokens of {eval_file})",
         soft_wrap=True,
     )
+    if len(by_position) > 1:  # where in a block the student falls behind
+        console.print(
+            "student/teacher perplexity by position: "
+            + ", ".join(f"{w['from']}-{w['to']} {w['ratio']:.3f}" for w in by_position),
+            soft_wrap=True,
+        )

@@ -11,6 +11,7 @@ is fixed at the first start: a cache grown later does not change a resumed run's
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -227,36 +229,52 @@ def train(
 # --------------------------------------------------------------------------- evaluation and speed
 
 
+def position_windows(length: int) -> list[tuple[int, int]]:
+    """Windows of predicted positions in a block of `length` tokens, doubling: [1, 64), [64, 128), ...
+    Where in a long block a student falls behind says whether it uses the context the teacher uses."""
+    edges = [1] + [edge for edge in (64 * 2**i for i in range(32)) if edge < length] + [length]
+    return list(itertools.pairwise(edges))
+
+
 @torch.inference_mode()
 def perplexity(
     model: PreTrainedModel,
     blocks: torch.Tensor,
     batch_size: int = 8,
     top1: list[torch.Tensor] | None = None,
-) -> dict[str, float]:
-    """exp(mean NLL) of every token after the first of each full block [N, L]; and the forward tokens/s.
-    `top1`, when given, receives the model's next-token choice at those positions, batch by batch."""
+) -> dict[str, Any]:
+    """exp(mean NLL) of every token after the first of each full block [N, L], also per window of positions
+    in the block (`by_position`); and the forward tokens/s. `top1`, when given, receives the model's
+    next-token choice at those positions, batch by batch."""
     model.eval()
     device = next(model.parameters()).device
-    nll_sum, count = 0.0, 0
+    nll_by_position = torch.zeros(blocks.size(1) - 1, dtype=torch.float64)
     started = time.perf_counter()
     for start in range(0, len(blocks), batch_size):
         ids = blocks[start : start + batch_size].to(device)
         logits = model(input_ids=ids).logits[:, :-1].float()
-        nll_sum += float(
-            F.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
-        )
-        count += ids[:, 1:].numel()
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, L-1]
+        nll_by_position += nll.sum(0).double().cpu()
         if top1 is not None:
             top1.append(logits.argmax(-1).cpu())
     seconds = time.perf_counter() - started
-    nll = nll_sum / count
+    count = len(blocks) * nll_by_position.numel()
+    nll_mean = float(nll_by_position.sum()) / count
+    by_position = [
+        {
+            "from": lo,
+            "to": hi,
+            "perplexity": math.exp(float(nll_by_position[lo - 1 : hi - 1].mean()) / len(blocks)),
+        }
+        for lo, hi in position_windows(blocks.size(1))
+    ]
     return {
-        "perplexity": math.exp(nll),
-        "nll": nll,
+        "perplexity": math.exp(nll_mean),
+        "nll": nll_mean,
         "tokens": count,
         "seconds": seconds,
         "tokens_per_s": blocks.numel() / seconds,
+        "by_position": by_position,
     }
 
 

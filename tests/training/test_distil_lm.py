@@ -244,6 +244,26 @@ def test_perplexity_matches_a_direct_computation(teacher) -> None:
     assert math.isclose(result["perplexity"], math.exp(float(nll)), rel_tol=1e-5)
 
 
+def test_position_windows_double_and_cover_every_predicted_position() -> None:
+    assert distil_lm.position_windows(12) == [(1, 12)]
+    assert distil_lm.position_windows(300) == [(1, 64), (64, 128), (128, 256), (256, 300)]
+    windows = distil_lm.position_windows(2048)
+    assert windows[0][0] == 1 and windows[-1] == (1024, 2048)
+    assert all(a[1] == b[0] for a, b in zip(windows, windows[1:], strict=False))
+
+
+def test_perplexity_by_position_matches_each_window_computed_directly(teacher) -> None:
+    blocks = torch.randint(0, teacher.config.vocab_size, (3, 150))
+    result = distil_lm.perplexity(teacher, blocks, batch_size=2)
+    with torch.no_grad():
+        logits = teacher(input_ids=blocks).logits[:, :-1]
+        nll = F.cross_entropy(logits.transpose(1, 2), blocks[:, 1:], reduction="none")  # [3, 149]
+    assert [(w["from"], w["to"]) for w in result["by_position"]] == [(1, 64), (64, 128), (128, 150)]
+    for window in result["by_position"]:
+        direct = math.exp(float(nll[:, window["from"] - 1 : window["to"] - 1].mean()))
+        assert math.isclose(window["perplexity"], direct, rel_tol=1e-5)
+
+
 def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) -> None:
     teacher_dir = build_tiny_llama(tmp_path / "teacher")
     runner = CliRunner()
@@ -291,6 +311,9 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     assert (out / "lm_eval.json").exists() and (out / "config.json").exists()
     summary = json.loads((out / "lm_eval.json").read_text())
     assert 0.0 <= summary["agreement"] <= 1.0 and summary["raw"]
+    (window,) = summary["by_position"]  # a short block is one window, the whole block's figures
+    assert math.isclose(window["ratio"], summary["perplexity_ratio"], rel_tol=1e-9)
+    assert "by_position" not in summary["teacher"]
     # export reads the pair from distill_report.json, as it does for the other tasks
     record = distillation_record(out)
     assert record is not None and record.metric == "perplexity"
