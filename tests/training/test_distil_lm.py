@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict
@@ -249,7 +250,7 @@ def test_position_windows_double_and_cover_every_predicted_position() -> None:
     assert distil_lm.position_windows(300) == [(1, 64), (64, 128), (128, 256), (256, 300)]
     windows = distil_lm.position_windows(2048)
     assert windows[0][0] == 1 and windows[-1] == (1024, 2048)
-    assert all(a[1] == b[0] for a, b in zip(windows, windows[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(windows))
 
 
 def test_perplexity_by_position_matches_each_window_computed_directly(teacher) -> None:
