@@ -22,7 +22,10 @@
 # (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
 # RAW (set: the text exactly as written, line breaks and headings kept, for the cache and every score, as
 # lm-evaluation-harness scores it; default: prose lines with eos between them). EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
-# (lm_eval-SIZE.json; the first size picks the best student and is its lm_eval.json).
+# (lm_eval-SIZE.json; the first size picks the best student and is its lm_eval.json). STOP_AFTER=cache:
+# stop once the cache is built; the same command again (the machine still warm) skips the import and the
+# generation (a cache, once made, fixes its text) and trains: a long generation and a long training then
+# each get a call of their own (a call may run 10 minutes).
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
 if [[ $# -ne 4 ]]; then  # --help, or arguments missing: the comment above
@@ -48,17 +51,18 @@ stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 [[ -d $WORK/teacher ]] || $PY -m training import "$GGUF" --out "$WORK/teacher"
 stamp imported
 train=$DATA/wikitext2_raw_train.txt
-if [[ -n ${GEN_PROMPTS:-} ]]; then
+if [[ -n ${GEN_PROMPTS:-} && ! -f $WORK/cache/meta.json ]]; then  # a cache made fixes its text: no more after
   $PY -m training lm-generate --teacher "$WORK/teacher" --train "$train" --out "$WORK/generated.txt" \
     --prompts "$GEN_PROMPTS" --prompt-tokens "${GEN_PROMPT_TOKENS:-32}" --new-tokens "${GEN_NEW_TOKENS:-224}" \
     --batch-size "${GEN_BATCH:-256}" --bf16 ${GEN_S:+--time-limit "$($PY -c "print(${GEN_S} / 60)")"}
   stamp "generated $(wc -l < "$WORK/generated.txt") lines"
   cat "$train" "$WORK/generated.txt" > "$WORK/train-plus-generated.txt"
-  train=$WORK/train-plus-generated.txt
 fi
+[[ -n ${GEN_PROMPTS:-} ]] && train=$WORK/train-plus-generated.txt
 $PY -m training lm-cache --teacher "$WORK/teacher" --train "$train" --out "$WORK/cache" \
   --top-k 64 --block-size "$BLOCK" $RAW --batch-size "$((64 * 256 / BLOCK > 0 ? 64 * 256 / BLOCK : 1))"
 stamp cached
+if [[ ${STOP_AFTER:-} == cache ]]; then exit 0; fi
 blocks=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['num_blocks'])" "$WORK/cache/meta.json")
 
 distil() {  # distil NAME ALPHA_KD ALPHA_HARD STEPS [more flags]
