@@ -92,7 +92,9 @@ def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings
     if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
         log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
         return None
-    draft = DecoderRunner(student.engine, student.manifest.generation)
+    draft = DecoderRunner(
+        student.engine, student.manifest.generation, prefill_tokens=settings.gen_prefill_tokens
+    )
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
         return None
     return draft

@@ -245,7 +245,7 @@ def _generation_core(
         max_waiting=settings.gen_max_waiting,
     )
     return GenerationCore(
-        DecoderRunner(engine, layout),
+        DecoderRunner(engine, layout, prefill_tokens=settings.gen_prefill_tokens),
         Scheduler(config),
         layout.stop_ids(),
         executor,

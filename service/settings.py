@@ -139,6 +139,12 @@ class Settings(BaseSettings):
         description="KV-cache positions reserved across running sequences (prompt + max_new_tokens).",
     )
     gen_max_waiting: int = Field(256, ge=1, description="Generation requests waiting to join before 429.")
+    gen_prefill_tokens: int = Field(
+        512,
+        ge=1,
+        description="Prompt positions (prompts x columns) in one prefill call: longer prompts are prefilled "
+        "in chunks, so a call's logits and activations, which ONNX Runtime's arena keeps, stay bounded.",
+    )
     gen_stream_interval_ms: float = Field(
         10.0,
         ge=0,

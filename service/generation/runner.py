@@ -1,9 +1,10 @@
 """The runner executes a step plan on the exported decoder: batched prefill, batched decode, sampling.
 
-Sequences of different lengths share one engine call. Prompts are right-padded into one prefill. The
-running sequences' keys and values live in a `SlotCache`: one row per sequence, its positions left-aligned
-in columns [0, length), the next one written into column `length`, and the attention mask hides the rest;
-each sequence keeps its own position ids, so it computes the same logits alone or in company.
+Sequences of different lengths share one engine call. Prompts are right-padded into one prefill (in chunks of
+columns where they hold more than `prefill_tokens` positions: `_prefill`). The running sequences' keys and
+values live in a `SlotCache`: one row per sequence, its positions left-aligned in columns [0, length), the
+next one written into column `length`, and the attention mask hides the rest; each sequence keeps its own
+position ids, so it computes the same logits alone or in company.
 
 The graph gets the cache's first rows as they lie (a view, no copy) and returns the new position; with
 distilserve's appending graph (GPT-2) that is all it returns, with optimum's it is the last column of a
@@ -169,10 +170,16 @@ class SlotCache:
         return [(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)) for _ in range(layers)]
 
 
+PREFILL_TOKENS = 512  # positions (rows x columns) in one prefill call: DISTILSERVE_GEN_PREFILL_TOKENS
+
+
 class DecoderRunner:
-    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
+    def __init__(
+        self, engine: Engine, layout: GenerationLayout, prefill_tokens: int = PREFILL_TOKENS
+    ) -> None:
         self.engine = engine
         self.layout = layout
+        self.prefill_tokens = prefill_tokens
         self._past_names = [
             (layout.past_key_name.format(layer=i), layout.past_value_name.format(layer=i))
             for i in range(layout.num_layers)
@@ -246,7 +253,10 @@ class DecoderRunner:
     def _prefill(
         self, seqs: Seq[Sequence], choose: bool = True, logprobs: StepLogprobs | None = None
     ) -> dict[int, int]:
-        """All new prompts in one call: right-padded, with an empty past."""
+        """All new prompts together: right-padded, with an empty past, in chunks of columns that keep a call
+        to `prefill_tokens` positions (rows x columns), each chunk's presents the next one's past. A call's
+        logits are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in one call
+        are 1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for good."""
         layout = self.layout
         width = max(len(s.prompt) for s in seqs)
         ids = np.zeros((len(seqs), width), dtype=np.int64)
@@ -256,17 +266,45 @@ class DecoderRunner:
             mask[row, : len(s.prompt)] = 1
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         empty = np.zeros((len(seqs), layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
-        outputs = self._run(ids, mask, positions, [(empty, empty)] * layout.num_layers)
-        presents = self._presents(outputs)
+        past: list[tuple[Any, Any]] = [(empty, empty)] * layout.num_layers
+        chunk = max(1, self.prefill_tokens // len(seqs))
+        tokens: dict[int, int] = {}
+        for start in range(0, width, chunk):
+            end = min(width, start + chunk)
+            outputs = self._run(ids[:, start:end], mask[:, :end], positions[:, start:end], past)
+            presents = self._presents(outputs)
+            if layout.present_positions == "new":  # the appending graph returns this chunk's positions alone
+                presents = [
+                    (np.concatenate([pk, k], axis=2), np.concatenate([pv, v], axis=2))
+                    for (pk, pv), (k, v) in zip(past, presents, strict=True)
+                ]
+            past = presents
+            if choose:
+                tokens |= self._prefill_choices(seqs, outputs["logits"], start, end, logprobs)
+        for row, s in enumerate(seqs):
+            n = len(s.prompt)
+            self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in past]
+        return tokens
+
+    @staticmethod
+    def _prefill_choices(
+        seqs: Seq[Sequence], logits: np.ndarray, start: int, end: int, logprobs: StepLogprobs | None
+    ) -> dict[int, int]:
+        """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in
+        it, and the log-probabilities of the prompt tokens it predicts, where asked."""
         tokens = {}
         for row, s in enumerate(seqs):
             n = len(s.prompt)
-            self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in presents]
-            if choose:
-                tokens[s.id] = next_token(outputs["logits"][row, n - 1], s.params, s.prompt, s.rng)
+            if start <= n - 1 < end:
+                last = logits[row, n - 1 - start]
+                tokens[s.id] = next_token(last, s.params, s.prompt, s.rng)
                 if logprobs is not None:
-                    add_logprobs(logprobs.tokens, s, outputs["logits"][row, n - 1 : n], [tokens[s.id]])
-                    add_prompt_logprobs(logprobs.prompts, s, outputs["logits"][row, : n - 1])
+                    add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
+            if logprobs is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
+                predicted = logits[
+                    row, : min(end, n - 1) - start
+                ]  # positions start.. predict tokens start+1..
+                add_prompt_logprobs(logprobs.prompts, s, predicted, first=start + 1)
         return tokens
 
     def _decode(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> dict[int, int]:
@@ -318,12 +356,18 @@ def add_logprobs(
         ]
 
 
-def add_prompt_logprobs(logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray) -> None:
-    """Where `seq` asked for them, its prompt's tokens' log-probabilities after the first, each under the
-    prefill's `logits` [len(prompt) - 1, vocab] at the position before it."""
+def add_prompt_logprobs(
+    logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray, first: int = 1
+) -> None:
+    """Where `seq` asked for them, the log-probabilities of its prompt's tokens from index `first` on (the
+    first token has none), each under the prefill's `logits` row at the position before it; a chunked
+    prefill adds its chunks in order."""
     if seq.params.prompt_logprobs is not None:
         add = seq.params.prompt_logprobs
-        logprobs[seq.id] = [token_logprob(row, t, add) for row, t in zip(logits, seq.prompt[1:], strict=True)]
+        targets = seq.prompt[first : first + len(logits)]
+        logprobs.setdefault(seq.id, []).extend(
+            token_logprob(row, t, add) for row, t in zip(logits, targets, strict=True)
+        )
 
 
 def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:

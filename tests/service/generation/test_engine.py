@@ -9,11 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
-from service.generation.runner import ROOM, DecoderRunner
+from service.generation.runner import ROOM, DecoderRunner, StepLogprobs
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
@@ -348,3 +349,55 @@ def test_a_stream_interval_groups_fast_tokens_and_hands_the_first_out_at_once(pa
     assert times[0] - submitted < interval  # the first token did not wait for the interval
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= interval - 0.01 for gap in gaps), gaps  # (the loop may fire a timer 1 tick early)
+
+
+def test_a_chunked_prefill_equals_one_call(parts: tuple[Any, ...]) -> None:
+    """Prompts longer than the call budget are prefilled in chunks of columns, each chunk's presents the next
+    one's past: the same first tokens, log-probabilities (prompt and token) and caches as one call, and the
+    same greedy continuations once decoding."""
+    engine, layout = parts[0], parts[1]
+    prompts = [ids(parts, text) for text in (PROMPTS[7], PROMPTS[0], PROMPTS[2] + " " + PROMPTS[5])]
+    params = SamplingParams(max_new_tokens=6, logprobs=2, prompt_logprobs=2)
+
+    def prefill(budget: int) -> tuple[dict[int, int], StepLogprobs, list[Any]]:
+        runner = DecoderRunner(engine, layout, prefill_tokens=budget)
+        seqs = [Sequence(prompt, params, id=i) for i, prompt in enumerate(prompts)]
+        logprobs = StepLogprobs()
+        tokens = runner.prefill(seqs, logprobs=logprobs)
+        return tokens, logprobs, [runner._prefilled[s.id] for s in seqs]
+
+    whole_tokens, whole_logprobs, whole_caches = prefill(10_000)
+    assert max(len(p) for p in prompts) > 5  # three rows at a budget of 8: chunks of 2 columns
+    chunked_tokens, chunked_logprobs, chunked_caches = prefill(8)
+    assert chunked_tokens == whole_tokens
+    for seq_id, prompt in enumerate(prompts):
+        whole, chunked = whole_logprobs.prompts.get(seq_id, []), chunked_logprobs.prompts.get(seq_id, [])
+        assert len(chunked) == len(prompt) - 1
+        for (lp_whole, alt_whole), (lp_chunked, alt_chunked) in zip(whole, chunked, strict=True):
+            assert lp_chunked == pytest.approx(lp_whole, abs=1e-4)
+            assert [t for t, _ in alt_chunked] == [t for t, _ in alt_whole]
+        assert chunked_logprobs.tokens[seq_id][0][0] == pytest.approx(
+            whole_logprobs.tokens[seq_id][0][0], abs=1e-4
+        )
+    for whole_cache, chunked_cache in zip(whole_caches, chunked_caches, strict=True):
+        for (wk, wv), (ck, cv) in zip(whole_cache, chunked_cache, strict=True):
+            assert ck.shape == wk.shape
+            np.testing.assert_allclose(ck, wk, atol=1e-4)
+            np.testing.assert_allclose(cv, wv, atol=1e-4)
+
+    async def continuations(budget: int) -> list[list[int]]:
+        generation = GenerationEngine(
+            DecoderRunner(engine, layout, prefill_tokens=budget),
+            Scheduler(SchedulerConfig()),
+            parts[2].text_stream,
+            None,
+            parts[3],
+        )
+        generation.start()
+        done = await asyncio.gather(
+            *(generation.generate(p, SamplingParams(max_new_tokens=8)) for p in prompts)
+        )
+        await generation.close()
+        return [seq.output for seq, _ in done]
+
+    assert run(continuations(3)) == run(continuations(10_000))
