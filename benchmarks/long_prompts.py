@@ -23,29 +23,14 @@ import typer
 
 from benchmarks.servers import SERVER_PIDS, serve
 from common.cli import line_console
+from loadtests.process_memory import sample_tree
 
 app = typer.Typer(add_completion=False)
 
 
-def rss_mib(pid: int) -> int:
-    """Resident memory of a process, MiB (Linux /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc: each thread's children)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return children + [d for c in children for d in descendants(c)]
-
-
 def engine_core_rss(server_pid: int) -> int:
-    """The service's largest process, the engine core that holds the models: its RSS, MiB."""
-    return max(rss_mib(pid) for pid in descendants(server_pid))
+    """The engine core's (the process that holds the models) RSS, MiB."""
+    return round(sum(p.rss_mib for p in sample_tree(server_pid) if p.name.startswith("ds-engine-core")))
 
 
 def prompts_from(base: str, model: str, text: str, count: int, tokens: int) -> list[list[int]]:

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.long_prompts import app, descendants, rss_mib
+from benchmarks.long_prompts import app
 from tests.tiny_models import CORPUS
-
-
-def test_process_memory_is_read_from_proc() -> None:
-    assert rss_mib(os.getpid()) > 10  # this interpreter holds torch
-    assert os.getpid() not in descendants(os.getpid())
 
 
 def test_the_same_scores_at_every_prefill_budget(tiny_llama_dir: Path, tmp_path: Path) -> None:
@@ -32,6 +26,6 @@ def test_the_same_scores_at_every_prefill_budget(tiny_llama_dir: Path, tmp_path:
     whole, chunked = json.loads((tmp_path / "report" / "long-prompts-llama.json").read_text())
     assert (whole["budget"], chunked["budget"]) == (100000, 8)  # 8 positions a call: chunks of 2 columns
     assert chunked["logprob_sum"][0] == pytest.approx(whole["logprob_sum"][0], abs=1e-3)
-    assert whole["rss_after_mib"] > 0 and chunked["rss_ready_mib"] > 0
+    assert whole["rss_after_mib"] > 50 and chunked["rss_ready_mib"] > 50  # the engine core's, found by name
     report = (tmp_path / "report" / "long-prompts-llama.md").read_text()
     assert "| 100,000 |" in report and "| 8 |" in report
