@@ -301,9 +301,8 @@ class DecoderRunner:
                 if logprobs is not None:
                     add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
             if logprobs is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
-                predicted = logits[
-                    row, : min(end, n - 1) - start
-                ]  # positions start.. predict tokens start+1..
+                # the chunk's positions start, start + 1, ... predict the prompt's tokens start + 1, ...
+                predicted = logits[row, : min(end, n - 1) - start]
                 add_prompt_logprobs(logprobs.prompts, s, predicted, first=start + 1)
         return tokens
 

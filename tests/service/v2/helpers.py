@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import tritonclient.http as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import TASK_MODEL_NAMES
 
@@ -38,3 +40,16 @@ def v1(base_url: str, path: str, body: dict[str, Any]) -> Any:
     response = httpx.post(f"{base_url}{path}", json=body, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def grpc_stub(grpc_port: int) -> tuple[grpc.Channel, Any]:
+    """A raw stub, for what tritonclient cannot send (typed contents, metadata, malformed requests)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def text_tensor(name: str, texts: list[str]) -> Any:
+    """A BYTES input in `contents.bytes_contents` (KServe's typed encoding, not raw_input_contents)."""
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype="BYTES", shape=[len(texts)])
+    tensor.contents.bytes_contents.extend(t.encode() for t in texts)
+    return tensor

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from tests.service.live_server import live_server
-from tests.service.v2.helpers import CLS, LM, MLM, QA
+from tests.service.v2.helpers import CLS, LM, MLM, QA, grpc_stub
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 MODELS = [CLS, QA, MLM, LM, "not-served"]
@@ -36,9 +36,9 @@ CLIENT_FAULTS = {
 @pytest.fixture(scope="module")
 def stub(tiny_repository: Path, grpc_port: int) -> Iterator[Any]:
     with live_server(tiny_repository, {"DISTILSERVE_GRPC_PORT": str(grpc_port)}):
-        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        channel, raw = grpc_stub(grpc_port)
         with channel:
-            yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            yield raw
 
 
 def _parameter() -> st.SearchStrategy[Any]:
