@@ -5,7 +5,8 @@ at 1 and 16 streams, the acceptance rate, and whether greedy outputs stay the te
         --k 2,4 --out docs/bench
 
 Servers take turns on the same machine (`--rounds` alternating rounds): the teacher with
-DISTILSERVE_SPECULATIVE=off, then =on for each k. Each streams `--new-tokens` tokens a request (ignore_eos:
+DISTILSERVE_SPECULATIVE=off, then =on for each k (and each of `--drafts`: the student's draft variant, or the
+variant it serves). Each streams `--new-tokens` tokens a request (ignore_eos:
 fixed lengths) from `--streams` clients back to back for `--seconds`. Greedy identity: `--prompts` prompts
 through /v1/generate on both, texts compared. Acceptance and tokens per teacher step come from the server's
 own counters (distilserve_draft_tokens*, distilserve_speculative_checks_total).
@@ -77,6 +78,13 @@ def main(
     streams: Annotated[str, typer.Option(help="Comma list of concurrent streams.")] = "1,16",
     seconds: Annotated[float, typer.Option(help="Seconds of load per stream count.")] = 15.0,
     new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 64,
+    drafts: Annotated[
+        str,
+        typer.Option(
+            help="Comma list of DISTILSERVE_SPECULATIVE_DRAFT values, each k measured with each: auto (the "
+            "student's draft variant where exported) and/or served (the variant the student answers with)."
+        ),
+    ] = "auto",
     rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds of every setting.")] = 2,
     prompts: Annotated[int, typer.Option(min=1, help="Greedy prompts compared.")] = 16,
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
@@ -85,8 +93,15 @@ def main(
     ks = [int(x) for x in k.split(",") if x.strip()]
     counts = [int(x) for x in streams.split(",") if x.strip()]
     texts_in = reviews(prompts, seed=11, max_clauses=2)
+    sources = [x.strip() for x in drafts.split(",") if x.strip()]
     settings = {"off": {"DISTILSERVE_SPECULATIVE": "off"}} | {
-        f"k={n}": {"DISTILSERVE_SPECULATIVE": "on", "DISTILSERVE_SPECULATIVE_TOKENS": str(n)} for n in ks
+        f"k={n}" + (f", {source}" if len(sources) > 1 else ""): {
+            "DISTILSERVE_SPECULATIVE": "on",
+            "DISTILSERVE_SPECULATIVE_TOKENS": str(n),
+            "DISTILSERVE_SPECULATIVE_DRAFT": source,
+        }
+        for n in ks
+        for source in sources
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
     with ProgressLog.beside(console, "speculative", rounds * len(settings), unit="servers") as progress:

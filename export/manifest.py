@@ -13,7 +13,7 @@ from common.provenance import git_revision, sha256_of
 from export.chat import chat_spec
 from export.onnx_export import describe_graph
 from export.tasks import TaskSpec
-from export.variants import VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION
+from export.variants import DRAFT_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION
 from service.manifest import (
     CascadeCalibration,
     DistillationRecord,
@@ -78,6 +78,7 @@ def manifest_builder(
             parity=r.parity.as_dict(),
             recipe=r.recipe,
             refused_recipes=r.tried,
+            drafts_only=v in DRAFT_VARIANTS,
         )
         for v, r in passed.items()
     }

@@ -33,6 +33,7 @@ from export.tasks import (
 )
 from export.variants import (
     ALL_VARIANTS,
+    DRAFT_VARIANTS,
     INT8_RECIPES,
     VARIANT_FILES,
     Int8Recipe,
@@ -286,11 +287,14 @@ def export_model(
     `max_length` narrows the window the service accepts (e.g. to the length the model was trained on).
     Without `eval_data`, fp16 and int8 cannot be checked and are not written, unless `require_eval_data`
     is False (speed benchmarks of random-weight models, whose answers mean nothing anyway). `pair` names
-    the served teacher this student pairs with, and calibrates their cascade (with `eval_data`)."""
+    the served teacher this student pairs with, and calibrates their cascade (with `eval_data`); the draft
+    variant is built for a generation student's pair only (others have no teacher to draft for)."""
     problems = usage_problems(task, name, repository, variants, eval_data, max_length)
     if problems:
         raise ExportError("; ".join(problems))
     spec = SPECS[task]
+    if task != "text-generation" or pair is None:  # only a generation student drafts (for its teacher)
+        variants = [v for v in variants if v not in DRAFT_VARIANTS]
 
     progress(f"loading the PyTorch reference from {model_dir}")
     model, tokenizer = load_reference(model_dir, spec)

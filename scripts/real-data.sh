@@ -231,7 +231,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --block-size "$LM_BLOCK" $LM_RAW \
     --batch-size 4
   timed smollm2-student-export $PY -m export "$student" --task text-generation --name smollm2 \
-    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt" \
+    --repository "$d/models" --variants fp32,int8,draft --eval-data "$DATA/wikitext2_raw_valid.txt" \
     --teacher smollm2-teacher --teacher-dir "$d/teacher"
 }
 

@@ -38,8 +38,9 @@ def attach_drafts(models: list[EngineModel], settings: Settings, teachers: Engin
             teacher.manifest.max_sequence_length,
         )
         log.info(
-            "speculative decoding: %s drafts for %s, k=%d",
+            "speculative decoding: %s (%s) drafts for %s, k=%d",
             student.name,
+            "its draft variant" if draft.engine is student.draft_engine else student.variant,
             teacher.name,
             settings.speculative_tokens,
         )
@@ -85,16 +86,16 @@ def _named(model: EngineModel) -> tuple[str, int]:
 
 
 def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings) -> DecoderRunner | None:
-    """The student as the teacher's draft, unless the tokenizers differ, settings say off, or (auto) a draft
-    step costs too much of a teacher's (timed now)."""
+    """The student as the teacher's draft (its draft variant's session where it has one, else the one it
+    serves), unless the tokenizers differ, settings say off, or (auto) a draft step costs too much of a
+    teacher's (timed now)."""
     if student.manifest.generation is None or settings.speculative == "off":
         return None
     if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
         log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
         return None
-    draft = DecoderRunner(
-        student.engine, student.manifest.generation, prefill_tokens=settings.gen_prefill_tokens
-    )
+    engine = student.draft_engine or student.engine
+    draft = DecoderRunner(engine, student.manifest.generation, prefill_tokens=settings.gen_prefill_tokens)
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
         return None
     return draft

@@ -53,6 +53,9 @@ class VariantSpec(_Strict):
     parity: dict[str, float] = Field(default_factory=dict)
     recipe: str | None = None  # how it was quantized (int8: export.variants.Int8Recipe's name)
     refused_recipes: list[str] = Field(default_factory=list)  # recipes the parity gate refused first, and why
+    # Run only to draft for the model's teacher (speculative decoding), never to answer: the teacher checks
+    # every token it proposes, so it may keep fewer of its model's answers than a served variant must.
+    drafts_only: bool = False
 
 
 class TokenizerSpec(_Strict):
@@ -267,6 +270,12 @@ class Manifest(_Strict):
             raise ValueError(
                 "every model needs the 'fp32' variant (the reference the others are checked against)"
             )
+        if any(v.drafts_only for v in self.variants.values()) and (
+            self.task != "text-generation" or self.teacher is None
+        ):
+            raise ValueError("only a generation student with a 'teacher' has a variant that drafts only")
+        if self.variants["fp32"].drafts_only:
+            raise ValueError("the 'fp32' variant answers: it cannot be one that drafts only")
         return self
 
     def input_names(self) -> list[str]:

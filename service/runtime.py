@@ -82,7 +82,8 @@ def engine_plan(
 
 
 def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
-    """The variant to serve: as requested, else fp16 on GPU and int8 (when exported) on CPU, else fp32."""
+    """The variant to serve: as requested, else fp16 on GPU and int8 (when exported) on CPU, else fp32 (a
+    variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name)."""
     if requested != "auto":
         if requested not in manifest.variants:
             raise ValueError(f"{manifest.name} v{manifest.version} has no {requested!r} variant")
@@ -174,6 +175,7 @@ class EngineModel(OfVersion):
     runner: EncoderRunner | None = None  # encoder tasks: requests batch through the micro-batcher
     batcher: MicroBatcher[EncodedText, dict[str, np.ndarray]] | None = None
     generation: GenerationCore | None = None  # text generation: the continuous-batching engine thread
+    draft_engine: Engine | None = None  # a generation student's draft variant, run to draft for its teacher
     stats: ModelStats = field(default_factory=ModelStats)  # Triton's statistics: the engine calls
 
     def placement(self) -> Placement:
@@ -315,6 +317,7 @@ def load_engine_model(
     )
     name = manifest.name
     model = EngineModel(version, variant, engine, executor, plan)
+    model.draft_engine = _draft_engine(version, settings, engine_factory, engine, plan)
     if manifest.generation is not None:
         hooks = counting_steps(metrics.generation_hooks(name), model.stats)
         model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks)
@@ -355,6 +358,20 @@ def load_engine_model(
         plan.threads,
     )
     return model
+
+
+def _draft_engine(
+    version: ModelVersion, settings: Settings, engine_factory: EngineFactory, engine: Engine, plan: EnginePlan
+) -> Engine | None:
+    """The session of a student's draft variant (export.variants.build_draft), on the threads its served
+    variant runs on, where speculative decoding may use it: on a CPU (on a GPU the fp16 it serves drafts),
+    unless settings say off or to draft with the served variant."""
+    manifest = version.manifest
+    drafting = manifest.teacher is not None and settings.speculative != "off"
+    if not drafting or settings.speculative_draft == "served" or engine.provider == CUDA:
+        return None
+    variant = next((name for name, spec in manifest.variants.items() if spec.drafts_only), None)
+    return None if variant is None else engine_factory(version, variant, plan.settings(settings))
 
 
 def _faster_decoder(

@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     speculative_tokens: int = Field(
         4, ge=1, le=16, description="Tokens the draft proposes per teacher step (k)."
     )
+    speculative_draft: Literal["auto", "served"] = Field(
+        "auto",
+        description="What drafts: auto, a student's draft variant where its export wrote one (every weight "
+        "8-bit, the output head too: used only to draft, on a CPU) and else the variant it serves; served: "
+        "always the variant it serves.",
+    )
     shadow_rate: float = Field(
         0.0,
         ge=0.0,

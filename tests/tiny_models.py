@@ -178,9 +178,12 @@ def build_tiny(task: str, out: Path, positions: int = 64, seed: int = 0) -> Path
     return out
 
 
-def export_lm_pair(root: Path, self_student: str | None = None) -> tuple[Path, Path]:
+def export_lm_pair(
+    root: Path, self_student: str | None = None, student_variants: tuple[str, ...] = ("fp32",)
+) -> tuple[Path, Path]:
     """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`) in
-    `root/models`; `self_student`: also the teacher exported under that name as its own student. Returns the
+    `root/models`; `self_student`: also the teacher exported under that name as its own student;
+    `student_variants`: the students' (a draft variant is checked on generated inputs). Returns the
     repository and the teacher's HF directory (PyTorch's reference)."""
     from export.pipeline import PairSpec, export_model
     from service.manifest import TeacherRef
@@ -192,5 +195,8 @@ def export_lm_pair(root: Path, self_student: str | None = None) -> tuple[Path, P
     pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
     students = [("lm", student_dir)] + ([(self_student, teacher_dir)] if self_student else [])
     for name, source in students:
-        assert export_model(source, "text-generation", name, repository, ("fp32",), pair=pair).version_dir
+        exported = export_model(
+            source, "text-generation", name, repository, student_variants, pair=pair, require_eval_data=False
+        )
+        assert {r.variant for r in exported.variants if r.passed} == set(student_variants)
     return repository, teacher_dir

@@ -341,8 +341,10 @@ def test_the_appending_decoder_builds_every_variant_within_its_gate(
     """distilserve's own GPT-2 graph goes through the same variant builders as optimum's (ORT's GPT-2
     fusions, int8, fp16) and each passes its parity gate against PyTorch. The model is untrained, so its
     answers on real text are near ties that int8 may flip: the gate runs on random tokens, as a benchmark's
-    would (require_eval_data=False)."""
+    would (require_eval_data=False). Exported as a student, it gets the draft variant too."""
+    from export.pipeline import PairSpec
     from export.variants import ALL_VARIANTS
+    from service.manifest import TeacherRef
 
     result = export_model(
         tiny_models["text-generation"],
@@ -351,6 +353,7 @@ def test_the_appending_decoder_builds_every_variant_within_its_gate(
         tmp_path,
         ALL_VARIANTS,
         require_eval_data=False,
+        pair=PairSpec(TeacherRef(name="lm-teacher", version=1), tiny_models["text-generation"]),
     )
     assert {r.variant: r.problems for r in result.variants} == {v: [] for v in ALL_VARIANTS}
     assert result.version_dir is not None

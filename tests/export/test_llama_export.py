@@ -4,6 +4,7 @@ that records the grouped KV layout."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx
@@ -11,8 +12,9 @@ import onnxruntime as ort
 import pytest
 
 from export.greedy import greedy_onnx, greedy_torch
-from export.pipeline import export_model
+from export.pipeline import PairSpec, export_model
 from export.tasks import SPECS, generation_layout, parity_extent
+from service.manifest import TeacherRef
 from service.repository import read_version
 from tests.tiny_models import CORPUS
 
@@ -84,3 +86,45 @@ def test_a_large_vocabulary_decoder_checks_parity_on_shorter_inputs() -> None:
     Config.vocab_size = 8000  # the demo GPT-2's
     assert parity_extent(SPECS["text-generation"], Config, 128) == (128, 256)
     assert parity_extent(SPECS["text-classification"], Config, 512) == (512, 256)
+
+
+def test_a_students_draft_variant_has_its_head_and_tables_in_8_bits_and_drafts_only(
+    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
+) -> None:
+    """The int8 variant keeps the tied head in fp32 (every answer would coarsen); a draft's answers are all
+    checked by its teacher, so its head is untied and quantized too: the step's largest weight."""
+    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir)
+    result = export_model(
+        tiny_llama_dir,
+        "text-generation",
+        "llama",
+        tmp_path,
+        ("fp32", "draft"),
+        eval_data=eval_text,
+        pair=pair,
+    )
+    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "draft": []}
+    assert result.version_dir is not None
+    manifest = read_version(result.version_dir).manifest
+    draft = manifest.variants["draft"]
+    assert draft.drafts_only and not manifest.variants["fp32"].drafts_only
+    assert draft.parity["top1_agreement"] >= 0.85 and draft.parity["eval_rows"] > 0
+    graph = onnx.load(str(result.version_dir / draft.file)).graph
+    blocked = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(blocked) == 2 * 7 + 1  # q, k, v, o, gate, up, down in each of the 2 layers, and the head
+    vocab = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
+    tables = [i.name for i in graph.initializer if vocab in i.dims and "_scale" not in i.name]
+    assert tables and all(
+        i.data_type != onnx.TensorProto.FLOAT for i in graph.initializer if i.name in tables
+    )  # the head's weight and the lookup's table, both 8-bit
+    lookup = next(n for n in graph.node if n.op_type == "Gather" and "embed_tokens" in n.input[0])
+    assert lookup.input[0].endswith("_quantized")  # the lookup reads its own 8-bit copy of the table
+
+
+def test_only_a_generation_student_gets_a_draft_variant(
+    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
+) -> None:
+    result = export_model(
+        tiny_llama_dir, "text-generation", "llama", tmp_path, ("fp32", "draft"), eval_data=eval_text
+    )
+    assert [r.variant for r in result.variants] == ["fp32"]  # no teacher: nothing to draft for

@@ -46,3 +46,27 @@ def test_a_cascade_costs_more_than_its_teacher_when_student_cost_and_fallbacks_r
     assert calibration(0.6, 0.5).costs_more_than_teacher  # 0.5 + 0.6 of the teacher's time per input
     assert not calibration(0.3, 0.5).costs_more_than_teacher
     assert not calibration(0.9, None).costs_more_than_teacher  # not measured (an older export): cascade
+
+
+def test_only_a_generation_student_has_a_variant_that_drafts_only() -> None:
+    from service.manifest import Manifest
+
+    variant = {"file": "model.onnx", "precision": "fp32", "size_bytes": 1, "sha256": "0" * 64}
+    draft = variant | {"file": "model.draft.onnx", "precision": "int8", "drafts_only": True}
+    student = {
+        "name": "lm",
+        "version": 1,
+        "task": "text-generation",
+        "max_sequence_length": 64,
+        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", 50]}],
+        "variants": {"fp32": variant, "draft": draft},
+        "tokenizer": {"sha256": "0" * 64, "max_length": 64, "pad_token_id": 0},
+        "generation": {"num_layers": 2, "num_heads": 4, "head_dim": 16},
+        "teacher": {"name": "lm-teacher", "version": 1},
+    }
+    assert Manifest.model_validate(student).variants["draft"].drafts_only
+    with pytest.raises(ValidationError, match="drafts only"):
+        Manifest.model_validate(student | {"teacher": None})  # no teacher to draft for
+    with pytest.raises(ValidationError, match="drafts only"):
+        Manifest.model_validate(student | {"variants": {"fp32": variant | {"drafts_only": True}}})

@@ -356,3 +356,34 @@ def test_a_serving_teacher_drafts_with_its_students_new_version_and_alone_once_i
         assert "lm v2 gone, lm-teacher decodes alone" in caplog.text
         before = teacher_drafted(c)
         assert teacher_drafted(c) == before
+
+
+@pytest.fixture(scope="module")
+def drafting_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pair with the student's draft variant beside its fp32 (export.variants.build_draft)."""
+    return export_lm_pair(tmp_path_factory.mktemp("lm-draft-pair"), student_variants=("fp32", "draft"))[0]
+
+
+@pytest.mark.parametrize("draft", ["auto", "served"])
+def test_a_students_draft_variant_drafts_and_the_text_stays_the_teachers(
+    drafting_pair: Path, draft: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The draft variant only drafts: the student still answers in fp32, and the teacher's greedy text is
+    its own whichever session drafted."""
+    caplog.set_level(logging.INFO, logger="service.drafts")
+    on = Settings(
+        model_repository=drafting_pair, speculative="on", speculative_tokens=3, speculative_draft=draft
+    )
+    off = Settings(model_repository=drafting_pair, speculative="off")
+    with TestClient(create_app(on)) as fast, TestClient(create_app(off)) as plain:
+        for prompt in ("Acme was founded", "I loved this film", "Who"):
+            body = {"model": "lm-teacher", "prompt": prompt, "max_new_tokens": 16}
+            a, b = fast.post("/v1/generate", json=body), plain.post("/v1/generate", json=body)
+            assert a.status_code == b.status_code == 200
+            assert a.json()["generated_text"] == b.json()["generated_text"]
+        metrics = fast.get("/metrics").text
+        assert metric_value(metrics, "distilserve_draft_tokens_total", model="lm-teacher") > 0
+        student = next(m for m in fast.get("/v1/models").json()["models"] if m["name"] == "lm")
+        assert student["variant"] == "fp32" and "draft" in student["variants"]
+    drafted_with = "its draft variant" if draft == "auto" else "fp32"
+    assert f"speculative decoding: lm ({drafted_with}) drafts for lm-teacher" in caplog.text
