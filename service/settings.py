@@ -149,7 +149,8 @@ class Settings(BaseSettings):
         512,
         ge=1,
         description="Prompt positions (prompts x columns) in one prefill call: longer prompts are prefilled "
-        "in chunks, so a call's logits and activations, which ONNX Runtime's arena keeps, stay bounded.",
+        "in chunks, so a call's logits and activations, which ONNX Runtime's arena keeps, stay bounded; while "
+        "other sequences decode, one chunk a step, so they wait for a chunk, not a whole long prompt.",
     )
     gen_stream_interval_ms: float = Field(
         10.0,

@@ -140,6 +140,7 @@ class GenerationCore:
                 produced = [
                     self._record(s, token, logprobs[i] if logprobs else None, prompt if i == 0 else None)
                     for s in [*plan.prefill, *plan.decode]
+                    if s.id in result.tokens  # a prompt part-way through its prefill has none yet
                     for logprobs, prompt in (
                         (result.logprobs.tokens.get(s.id), result.logprobs.prompts.get(s.id)),
                     )

@@ -1,7 +1,8 @@
 """The runner executes a step plan on the exported decoder: batched prefill, batched decode, sampling.
 
 Sequences of different lengths share one engine call. Prompts are right-padded into one prefill (in chunks of
-columns where they hold more than `prefill_tokens` positions: `_prefill`). The running sequences' keys and
+columns where they hold more than `prefill_tokens` positions, one chunk a step while others decode:
+`_prefill`). The running sequences' keys and
 values live in a `SlotCache`: one row per sequence, its positions left-aligned in columns [0, length), the
 next one written into column `length`, and the attention mask hides the rest; each sequence keeps its own
 position ids, so it computes the same logits alone or in company.
@@ -173,6 +174,81 @@ class SlotCache:
 PREFILL_TOKENS = 512  # positions (rows x columns) in one prefill call: DISTILSERVE_GEN_PREFILL_TOKENS
 
 
+@dataclass
+class PromptBatch:
+    """Prompts prefilled together, right-padded: their keys and values so far (columns [0, start)), and the
+    prompt log-probabilities gathered for rows whose first token is still to come."""
+
+    seqs: list[Sequence]
+    ids: np.ndarray  # [rows, width]
+    mask: np.ndarray
+    positions: np.ndarray
+    past: list[tuple[Any, Any]]
+    start: int = 0  # the next column to run
+    prompt_logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, seqs: Seq[Sequence], layout: GenerationLayout) -> PromptBatch:
+        width = max(len(s.prompt) for s in seqs)
+        ids = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for row, s in enumerate(seqs):
+            ids[row, : len(s.prompt)] = s.prompt
+            mask[row, : len(s.prompt)] = 1
+        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        empty = np.zeros((len(seqs), layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
+        return cls(list(seqs), ids, mask, positions, [(empty, empty)] * layout.num_layers)
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+    def holds(self, seqs: Seq[Sequence]) -> bool:
+        """Whether `seqs` are prompts of this batch still under way (the rest are done or gone)."""
+        mine = {s.id for s in self.seqs}
+        return all(s.id in mine for s in seqs)
+
+    def keep(self, seqs: Seq[Sequence]) -> None:
+        """Only the rows of `seqs`, in their order (a prompt done or abandoned leaves)."""
+        if [s.id for s in seqs] == [s.id for s in self.seqs]:
+            return
+        row_of = {s.id: row for row, s in enumerate(self.seqs)}
+        rows = np.array([row_of[s.id] for s in seqs])
+        self.ids, self.mask, self.positions = self.ids[rows], self.mask[rows], self.positions[rows]
+        self.past = [(keys[rows], values[rows]) for keys, values in self.past]
+        self.seqs = list(seqs)
+        kept = {s.id for s in seqs}
+        self.prompt_logprobs = {i: lp for i, lp in self.prompt_logprobs.items() if i in kept}
+
+
+def _prefill_choices(
+    seqs: Seq[Sequence],
+    logits: np.ndarray,
+    start: int,
+    end: int,
+    logprobs: StepLogprobs | None,
+    gathered: dict[int, list[Logprob]] | None,
+) -> dict[int, int]:
+    """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in it,
+    and the log-probabilities of the prompt tokens the chunk predicts, where asked: gathered in `gathered`
+    across chunks, and handed to `logprobs` with the first token."""
+    tokens = {}
+    for row, s in enumerate(seqs):
+        n = len(s.prompt)
+        if gathered is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
+            # the chunk's positions start, start + 1, ... predict the prompt's tokens start + 1, ...
+            predicted = logits[row, : min(end, n - 1) - start]
+            add_prompt_logprobs(gathered, s, predicted, first=start + 1)
+        if start <= n - 1 < end:
+            last = logits[row, n - 1 - start]
+            tokens[s.id] = next_token(last, s.params, s.prompt, s.rng)
+            if logprobs is not None:
+                add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
+                if gathered is not None and s.id in gathered:
+                    logprobs.prompts[s.id] = gathered.pop(s.id)
+    return tokens
+
+
 class DecoderRunner:
     def __init__(
         self, engine: Engine, layout: GenerationLayout, prefill_tokens: int = PREFILL_TOKENS
@@ -190,17 +266,20 @@ class DecoderRunner:
         ]
         self._cache: SlotCache | DeviceCache | None = None
         self._prefilled: dict[int, list[LayerCache]] = {}  # caches of sequences about to join the batch
+        self._prompts: PromptBatch | None = None  # prompts part-way through their prefill
         # The cache stays on the device where the engine binds IO and the graph returns past + new.
         self._device = cache_device(engine, layout)
         self._keep = frozenset(name for pair in self._present_names for name in pair)
         self.row_gather = RowGather(self._device) if self._device is not None else None  # joins, leaves
 
     def execute(self, plan: StepPlan) -> StepResult:
+        """The step: the prompts' prefill (one chunk of it while sequences decode, so they wait for a chunk,
+        not a whole long prompt; all of it otherwise), then one decode step of the running sequences. A
+        prompt's first token comes in the step its last chunk runs."""
         tokens: dict[int, int] = {}
         logprobs = StepLogprobs()
         started = time.perf_counter()
-        if plan.prefill:
-            tokens |= self._prefill(plan.prefill, logprobs=logprobs)
+        tokens |= self._prefill(plan.prefill, logprobs=logprobs, whole=not plan.decode)
         prefilled = time.perf_counter()
         if plan.decode:
             tokens |= self._decode(plan.decode, logprobs)
@@ -229,12 +308,21 @@ class DecoderRunner:
         return [(outputs[key_name], outputs[value_name]) for key_name, value_name in self._present_names]
 
     def prefill(
-        self, seqs: Seq[Sequence], choose: bool = True, logprobs: StepLogprobs | None = None
+        self,
+        seqs: Seq[Sequence],
+        choose: bool = True,
+        logprobs: StepLogprobs | None = None,
+        whole: bool = True,
     ) -> dict[int, int]:
         """The prompts' caches, kept until the sequences join the decode batch, and (`choose`) each one's
         first token, its log-probabilities into `logprobs` where asked; a draft model prefills without
-        choosing (its choice would spend the sequence's RNG)."""
-        return self._prefill(seqs, choose, logprobs)
+        choosing (its choice would spend the sequence's RNG). Not `whole`: the next chunk of columns only,
+        the prompts that end in it done (see `_prefill`)."""
+        return self._prefill(seqs, choose, logprobs, whole)
+
+    def prefilled_ids(self) -> set[int]:
+        """The sequences whose prefilled caches wait to join the decode batch."""
+        return set(self._prefilled)
 
     def keep_prefilled(self, fresh: set[int]) -> None:
         """A prefilled sequence joins the very next decode; one that did not (finished, aborted) never will:
@@ -251,59 +339,56 @@ class DecoderRunner:
         return self._presents(outputs)
 
     def _prefill(
-        self, seqs: Seq[Sequence], choose: bool = True, logprobs: StepLogprobs | None = None
+        self,
+        seqs: Seq[Sequence],
+        choose: bool = True,
+        logprobs: StepLogprobs | None = None,
+        whole: bool = True,
     ) -> dict[int, int]:
-        """All new prompts together: right-padded, with an empty past, in chunks of columns that keep a call
-        to `prefill_tokens` positions (rows x columns), each chunk's presents the next one's past. A call's
-        logits are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in one call
-        are 1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for good."""
-        layout = self.layout
-        width = max(len(s.prompt) for s in seqs)
-        ids = np.zeros((len(seqs), width), dtype=np.int64)
-        mask = np.zeros((len(seqs), width), dtype=np.int64)
-        for row, s in enumerate(seqs):
-            ids[row, : len(s.prompt)] = s.prompt
-            mask[row, : len(s.prompt)] = 1
-        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        empty = np.zeros((len(seqs), layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
-        past: list[tuple[Any, Any]] = [(empty, empty)] * layout.num_layers
-        chunk = max(1, self.prefill_tokens // len(seqs))
+        """The prompts together (a `PromptBatch`): right-padded, in chunks of columns that keep a call to
+        `prefill_tokens` positions (rows x columns), each chunk's presents the next one's past; all chunks,
+        or (not `whole`) the next one. A prompt that ends in a chunk is done there: its first token chosen,
+        its cache kept to join the decode batch. The same sequences asked again, less those done, continue
+        where the last call stopped (one batch is under way at a time: the scheduler's `prefilling`); other
+        sequences prefilled whole meanwhile (a draft catching up) leave it be.
+
+        A call's logits are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in
+        one call are 1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for
+        good. And a step's chunk is what the running sequences wait for, a token each, while it runs."""
+        if not seqs:
+            self._prompts = None  # the prompts under way, if any, are all gone
+            return {}
+        under_way = self._prompts
+        if under_way is not None and under_way.holds(seqs):
+            batch = under_way
+        else:
+            batch = PromptBatch.of(seqs, self.layout)
+        batch.keep(seqs)
         tokens: dict[int, int] = {}
-        for start in range(0, width, chunk):
-            end = min(width, start + chunk)
-            outputs = self._run(ids[:, start:end], mask[:, :end], positions[:, start:end], past)
+        while batch.start < batch.width:
+            start, end = batch.start, min(batch.width, batch.start + max(1, self.prefill_tokens // len(seqs)))
+            mask = batch.mask[:, :end]
+            outputs = self._run(batch.ids[:, start:end], mask, batch.positions[:, start:end], batch.past)
             presents = self._presents(outputs)
-            if layout.present_positions == "new":  # the appending graph returns this chunk's positions alone
+            if self.layout.present_positions == "new":  # the appending graph returns the chunk's alone
                 presents = [
                     (np.concatenate([pk, k], axis=2), np.concatenate([pv, v], axis=2))
-                    for (pk, pv), (k, v) in zip(past, presents, strict=True)
+                    for (pk, pv), (k, v) in zip(batch.past, presents, strict=True)
                 ]
-            past = presents
+            batch.past, batch.start = presents, end
+            gathered = batch.prompt_logprobs if logprobs is not None else None
             if choose:
-                tokens |= self._prefill_choices(seqs, outputs["logits"], start, end, logprobs)
-        for row, s in enumerate(seqs):
-            n = len(s.prompt)
-            self._prefilled[s.id] = [(keys[row, :, :n], values[row, :, :n]) for keys, values in past]
-        return tokens
-
-    @staticmethod
-    def _prefill_choices(
-        seqs: Seq[Sequence], logits: np.ndarray, start: int, end: int, logprobs: StepLogprobs | None
-    ) -> dict[int, int]:
-        """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in
-        it, and the log-probabilities of the prompt tokens it predicts, where asked."""
-        tokens = {}
-        for row, s in enumerate(seqs):
-            n = len(s.prompt)
-            if start <= n - 1 < end:
-                last = logits[row, n - 1 - start]
-                tokens[s.id] = next_token(last, s.params, s.prompt, s.rng)
-                if logprobs is not None:
-                    add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
-            if logprobs is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
-                # the chunk's positions start, start + 1, ... predict the prompt's tokens start + 1, ...
-                predicted = logits[row, : min(end, n - 1) - start]
-                add_prompt_logprobs(logprobs.prompts, s, predicted, first=start + 1)
+                tokens |= _prefill_choices(batch.seqs, outputs["logits"], start, end, logprobs, gathered)
+            for row, s in enumerate(batch.seqs):
+                n = len(s.prompt)
+                if start <= n - 1 < end:  # its prompt ends here: its cache joins the decode batch
+                    self._prefilled[s.id] = [(k[row, :, :n], v[row, :, :n]) for k, v in presents]
+            if not whole:
+                break
+        if batch.start < batch.width:
+            self._prompts = batch
+        elif batch is under_way:
+            self._prompts = None
         return tokens
 
     def _decode(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> dict[int, int]:

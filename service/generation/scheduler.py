@@ -3,6 +3,10 @@
 Plain data in, a plan out; tested with fake runner outputs. Admission reserves each sequence's whole
 capacity (prompt + max_new_tokens) against the cached-token budget, so a running sequence never runs out of
 cache mid-generation and nothing has to be preempted.
+
+An admitted sequence is prefilling until its first token comes: the runner takes a long prompt through the
+model a chunk a step while the others decode (runner.DecoderRunner._prefill), so the plan names the same
+group of prompts step after step, less those done, and admits the next group only when it is through.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class StepPlan:
-    prefill: list[Sequence]  # join now: their prompts run through the model together
-    decode: list[Sequence]  # already running: one token each
+    prefill: list[Sequence]  # prefilling: their prompts run through the model together (a chunk, or all)
+    decode: list[Sequence]  # running with a first token: one token each
 
     @property
     def empty(self) -> bool:
@@ -35,7 +39,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # admitted: prefilling, then decoding
+        self.prefilling: list[Sequence] = []  # of them, those whose first token is still to come
         self.closed = False
 
     def add(self, seq: Sequence) -> None:
@@ -62,10 +67,15 @@ class Scheduler:
         self.running = [s for s in self.running if not s.done]
 
     def schedule(self) -> StepPlan:
-        """Finished or abandoned sequences leave; waiting ones join in arrival order while budgets allow."""
+        """Finished or abandoned sequences leave; the prompts under way go on, and once they are through,
+        waiting ones join in arrival order while budgets allow."""
         self.retire()
         self.waiting = deque(s for s in self.waiting if not s.aborted)
-        decode = list(self.running)
+        self.prefilling = [s for s in self.prefilling if not s.output and not s.done]
+        under_way = {s.id for s in self.prefilling}
+        decode = [s for s in self.running if s.id not in under_way]
+        if self.prefilling:
+            return StepPlan(prefill=list(self.prefilling), decode=decode)
         reserved = self.reserved_tokens()
         prefill: list[Sequence] = []
         while self.waiting and len(self.running) + len(prefill) < self.config.max_running:
@@ -75,4 +85,5 @@ class Scheduler:
             prefill.append(self.waiting.popleft())
             reserved += candidate.capacity
         self.running.extend(prefill)
+        self.prefilling = list(prefill)
         return StepPlan(prefill=prefill, decode=decode)

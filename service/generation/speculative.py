@@ -153,10 +153,10 @@ class SpeculativeRunner:
         more: dict[int, list[int]] = {}
         logprobs = StepLogprobs()
         drafted = accepted = 0
-        if plan.prefill:
-            tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs)
-            if self.draft is not None:
-                self.draft.prefill(plan.prefill, choose=False)
+        whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
+        tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
+        if self.draft is not None:
+            self.draft.prefill(plan.prefill, choose=False, whole=whole)
         prefilled = time.perf_counter()
         if plan.decode:
             emitted_by, k = self._step(plan.decode, logprobs)
@@ -182,6 +182,8 @@ class SpeculativeRunner:
             self._caches = (teacher_cache, self._draft_cache())
         teacher_cache, draft_cache = self._caches
         rows = sync_rows(teacher_cache, seqs, self.teacher)
+        if draft_cache is not None and not self._draft_holds(draft_cache, rows):
+            draft_cache = None  # a draft taken while a prompt was part-way through: it catches up whole
         if draft_cache is None and self.draft is not None:  # a draft taken while these rows ran
             draft_cache = self._caught_up(rows)
             self._caches = (teacher_cache, draft_cache)
@@ -245,6 +247,13 @@ class SpeculativeRunner:
             # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
             draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
+
+    def _draft_holds(self, cache: SlotCache, rows: Seq[Sequence]) -> bool:
+        """Whether the draft has every row's keys and values, cached or prefilled to join."""
+        assert self.draft is not None
+        joining = self.draft.prefilled_ids()
+        held = set(cache.ids)
+        return all(s.id in held or s.id in joining for s in rows)
 
     def _caught_up(self, rows: Seq[Sequence]) -> SlotCache:
         """A new draft's cache for sequences already running: each one's context (prompt and output but

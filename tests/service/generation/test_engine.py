@@ -401,3 +401,43 @@ def test_a_chunked_prefill_equals_one_call(parts: tuple[Any, ...]) -> None:
         return [seq.output for seq, _ in done]
 
     assert run(continuations(3)) == run(continuations(10_000))
+
+
+def test_a_long_prompt_goes_through_a_chunk_a_step_while_the_others_decode(parts: tuple[Any, ...]) -> None:
+    """Sequences already decoding get a token every step while a newcomer's long prompt is prefilled a chunk
+    at a time (they wait for a chunk, not the whole prompt); its first token comes with its last chunk, with
+    all its prompt's log-probabilities, and every output equals the sequence's alone."""
+    engine, layout = parts[0], parts[1]
+    params = SamplingParams(max_new_tokens=12, prompt_logprobs=1)
+    early = [Sequence(ids(parts, text), params) for text in PROMPTS[:2]]
+    late = Sequence(ids(parts, PROMPTS[2] + " " + PROMPTS[5]), params)
+    scheduler, runner = Scheduler(SchedulerConfig()), DecoderRunner(engine, layout, prefill_tokens=4)
+    plans: list[tuple[list[int], list[int], list[int]]] = []  # prefill, decode, who got a token
+    prompt_logprobs: dict[int, Any] = {}
+    for s in early:
+        scheduler.add(s)
+    while scheduler.has_work:
+        if len(early[0].output) == 2 and late not in scheduler.running:
+            scheduler.add(late)
+        plan = scheduler.schedule()
+        result = runner.execute(plan)
+        for s in [*plan.prefill, *plan.decode]:
+            if s.id in result.tokens:
+                s.output.append(result.tokens[s.id])
+                s.finish_reason = "length" if len(s.output) == params.max_new_tokens else None
+        prompt_logprobs |= result.logprobs.prompts
+        got = [s.id for s in [*plan.prefill, *plan.decode] if s.id in result.tokens]
+        plans.append(([s.id for s in plan.prefill], [s.id for s in plan.decode], got))
+
+    chunks = [(decode, got) for prefill, decode, got in plans if prefill == [late.id]]
+    assert len(chunks) == -(-len(late.prompt) // 4) > 3  # a chunk of 4 columns a step
+    for decode, got in chunks[:-1]:
+        assert decode == [s.id for s in early] and got == decode  # they decoded; the newcomer waits
+    assert chunks[-1][1] == [late.id, *chunks[-1][0]]  # its first token with its last chunk
+    assert len(prompt_logprobs[late.id]) == len(late.prompt) - 1
+    whole = StepLogprobs()
+    DecoderRunner(engine, layout).prefill([Sequence(late.prompt, params, id=late.id)], logprobs=whole)
+    for (lp, _), (lp_whole, _) in zip(prompt_logprobs[late.id], whole.prompts[late.id], strict=True):
+        assert lp == pytest.approx(lp_whole, abs=1e-4)
+    plain = SamplingParams(max_new_tokens=12)
+    assert [s.output for s in [*early, late]] == [alone(parts, s.prompt, plain) for s in [*early, late]]

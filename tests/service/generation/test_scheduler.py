@@ -69,3 +69,24 @@ def test_bounds_refuse_instead_of_growing() -> None:
     s.closed = True
     with pytest.raises(BatcherClosedError):
         s.add(seq(1))
+
+
+def test_a_prompt_under_way_stays_in_the_plan_and_the_next_ones_wait_for_it() -> None:
+    """A sequence is prefilling until its first token comes (a long prompt takes several steps): the plan
+    names it again, not as decoding, and waiting ones join once the prompts under way are through."""
+    s = Scheduler(SchedulerConfig(max_running=4))
+    short, long = seq(3), seq(900)
+    s.add(short)
+    s.add(long)
+    assert s.schedule().prefill == [short, long]
+    short.output.append(7)  # its prompt ended in the first chunk; the long one goes on
+    newcomer = seq(2)
+    s.add(newcomer)
+    plan = s.schedule()
+    assert plan.prefill == [long] and plan.decode == [short]  # the newcomer waits for the long prompt
+    long.output.append(7)
+    plan = s.schedule()
+    assert plan.prefill == [newcomer] and plan.decode == [short, long]
+    newcomer.aborted = True  # gone part-way through its prefill: out of the plan, its slot freed
+    plan = s.schedule()
+    assert plan.prefill == [] and plan.decode == [short, long] and newcomer not in s.running

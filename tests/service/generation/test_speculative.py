@@ -19,7 +19,7 @@ from service.app import create_app
 from service.engine import Engine
 from service.generation.runner import DecoderRunner, LayerCache, StepResult
 from service.generation.sampling import SamplingParams
-from service.generation.scheduler import StepPlan
+from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
 from service.generation.speculative import SpeculativeRunner, accept, distribution
 from service.manifest import GenerationLayout
@@ -387,3 +387,51 @@ def test_a_students_draft_variant_drafts_and_the_text_stays_the_teachers(
         assert student["variant"] == "fp32" and "draft" in student["variants"]
     drafted_with = "its draft variant" if draft == "auto" else "fp32"
     assert f"speculative decoding: lm ({drafted_with}) drafts for lm-teacher" in caplog.text
+
+
+def scheduled(
+    runner: DecoderRunner | SpeculativeRunner, requests: list[tuple[int, list[int], int]]
+) -> list[list[int]]:
+    """Continuous batching as the engine drives it: request i is added at step `arrival`, the scheduler plans
+    (a long prompt a chunk a step beside the decoding ones), each token is kept up to the request's length."""
+    scheduler = Scheduler(SchedulerConfig())
+    seqs = [Sequence(prompt=p, params=SamplingParams(max_new_tokens=n)) for _, p, n in requests]
+    step = 0
+    while step <= max(arrival for arrival, _, _ in requests) or scheduler.has_work:
+        for seq, (arrival, _, _) in zip(seqs, requests, strict=True):
+            if arrival == step:
+                scheduler.add(seq)
+        plan = scheduler.schedule()
+        result = runner.execute(plan)
+        for s in [*plan.prefill, *plan.decode]:
+            for token in (result.tokens[s.id], *result.more.get(s.id, ())) if s.id in result.tokens else ():
+                if len(s.output) < s.params.max_new_tokens:
+                    s.output.append(token)
+            if len(s.output) == s.params.max_new_tokens:
+                s.finish_reason = "length"
+        step += 1
+    return [s.output for s in seqs]
+
+
+LONG_PROMPTS = [
+    (0, [5, 9, 13, 2], 24),
+    (2, list(range(100, 130)), 10),
+    (3, [7, 7, 7], 20),
+    (4, list(range(40, 61)), 8),
+]
+
+
+@pytest.mark.parametrize("draft_budget", [4, 7], ids=["lockstep", "draft-chunked-otherwise"])
+def test_long_prompts_prefilled_a_chunk_a_step_keep_the_teachers_greedy_text(
+    loaded: Loaded, draft_budget: int
+) -> None:
+    """Both models take a long prompt a chunk a step while the others draft and check; where the draft's
+    chunks differ from the teacher's it catches up on the rows it lacks, and the text is the teacher's."""
+    alone = scheduled(DecoderRunner(*loaded["lm-teacher"]), LONG_PROMPTS)
+    speculative = SpeculativeRunner(
+        DecoderRunner(*loaded["lm-teacher"], prefill_tokens=4),
+        DecoderRunner(*loaded["lm"], prefill_tokens=draft_budget),
+        3,
+        64,
+    )
+    assert scheduled(speculative, LONG_PROMPTS) == alone

@@ -1,0 +1,168 @@
+"""Running streams while a long prompt joins them: how long they wait between tokens, per prefill budget.
+
+    python -m benchmarks.prefill_stall --repository build/real/smollm2/models --model smollm2-teacher \\
+        --budgets 1000000,512,128 --streams 2 --tokens 2048
+
+One fresh server per `DISTILSERVE_GEN_PREFILL_TOKENS` budget. `--streams` clients stream /v1/generate
+(ignore_eos, back to back) and, once each has its first tokens, one prompt of `--tokens` token ids (cut
+from `--text` by the server's tokenizer) is sent to /v1/completions for one token. A budget past the
+prompt's length is one prefill call, which the streams wait for whole; a smaller one is a chunk a step
+between their decode steps. Reports per budget the streams' longest gap between two tokens while the
+prompt was prefilled, their median gap before it came, and the prompt's time to its answer; a plot of
+every gap over time beside the table.
+Writes OUT/prefill-stall-MODEL.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+
+from benchmarks.long_prompts import prompts_from
+from benchmarks.servers import serve
+from common.cli import line_console
+
+app = typer.Typer(add_completion=False)
+WARM_TOKENS = 8  # each stream's tokens before the long prompt is sent
+
+
+def stream_tokens(base: str, model: str, new_tokens: int, times: list[float], stop: threading.Event) -> None:
+    """Streamed requests back to back, their tokens' arrival times, until `stop` (the client then leaves)."""
+    body = {
+        "model": model,
+        "prompt": "The history of the city begins",
+        "max_new_tokens": new_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    while not stop.is_set():
+        with httpx.stream("POST", f"{base}/v1/generate", json=body, timeout=600) as reply:
+            reply.raise_for_status()
+            for line in reply.iter_lines():
+                if line.startswith("data:") and '"token"' in line:
+                    times.append(time.perf_counter())
+                if stop.is_set():
+                    return
+
+
+def measure(
+    repository: Path, model: str, budget: int, text: str, streams: int, tokens: int, stream_tokens_each: int
+) -> dict[str, Any]:
+    env = {
+        "DISTILSERVE_GEN_PREFILL_TOKENS": str(budget),
+        "DISTILSERVE_SPECULATIVE": "off",  # the model alone
+        "DISTILSERVE_MAX_BODY_BYTES": "16000000",
+        "DISTILSERVE_MAX_TEXT_CHARS": str(max(100_000, len(text))),
+    }
+    with serve(repository, env) as base:
+        [prompt] = prompts_from(base, model, text, 1, tokens)
+        stop = threading.Event()
+        times: list[list[float]] = [[] for _ in range(streams)]
+        clients = [
+            threading.Thread(
+                target=stream_tokens, args=(base, model, stream_tokens_each, t, stop), daemon=True
+            )
+            for t in times
+        ]
+        for client in clients:
+            client.start()
+        while min(len(t) for t in times) < WARM_TOKENS:
+            time.sleep(0.05)
+        sent = time.perf_counter()
+        body = {"model": model, "prompt": prompt, "max_tokens": 1}
+        httpx.post(f"{base}/v1/completions", json=body, timeout=1800).raise_for_status()
+        answered = time.perf_counter()
+        time.sleep(2.0)  # the streams' steps after it
+        stop.set()
+        for client in clients:
+            client.join(timeout=60)
+    gaps = [(b - sent, b - a) for t in times for a, b in itertools.pairwise(t)]
+    before = [gap for at, gap in gaps if at < 0]
+    during = [gap for at, gap in gaps if at >= 0 and at - gap <= answered - sent]
+    return {
+        "budget": budget,
+        "longest_gap_s": max(during, default=0.0),
+        "median_gap_before_s": statistics.median(before) if before else None,
+        "prompt_answer_s": answered - sent,
+        "gaps": gaps,
+    }
+
+
+def render(model: str, streams: int, tokens: int, rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# Streams while a prompt joins: {model}, {streams} streams, one prompt of {tokens:,} tokens",
+        "",
+        "| prefill budget (positions a call) | streams' longest gap while it is prefilled | their median gap "
+        "before | the prompt answered after |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        before = row["median_gap_before_s"]
+        lines.append(
+            f"| {row['budget']:,} | {row['longest_gap_s']:.2f} s "
+            f"| {'-' if before is None else f'{1000 * before:.0f} ms'} | {row['prompt_answer_s']:.2f} s |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(model: str, rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 4))
+    for row in rows:
+        at, gap = zip(*row["gaps"], strict=True) if row["gaps"] else ((), ())
+        axis.plot(
+            at, gap, ".", label=f"budget {row['budget']:,} (answered at {row['prompt_answer_s']:.1f} s)"
+        )
+    axis.axvline(0, color="grey", linewidth=0.8)
+    axis.set_xlabel("seconds since the long prompt was sent")
+    axis.set_ylabel("gap before a stream's token (s)")
+    axis.set_title(f"{model}: running streams while a long prompt is prefilled")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+
+
+@app.command()
+def main(
+    repository: Path = typer.Option(..., "--repository", exists=True, file_okay=False),
+    model: str = typer.Option(..., "--model", help="A text-generation model of the repository."),
+    budgets: str = typer.Option("1000000,512,128", "--budgets", help="Comma list of prefill budgets."),
+    streams: int = typer.Option(2, "--streams", min=1),
+    tokens: int = typer.Option(2048, "--tokens", min=2),
+    stream_tokens_each: int = typer.Option(
+        1000, "--stream-tokens", min=1, help="Tokens of each streamed request (they run back to back)."
+    ),
+    text: Path = typer.Option(
+        Path("../shared/data/wikitext2_raw_valid.txt"), "--text", exists=True, dir_okay=False
+    ),
+    out: Path = typer.Option(Path("docs/bench"), "--out", help="Directory of the report."),
+) -> None:
+    console = line_console()
+    source = text.read_text()
+    rows = []
+    for budget in (int(b) for b in budgets.split(",")):
+        console.print(f"prefill-stall: budget {budget:,}")
+        rows.append(measure(repository, model, budget, source, streams, tokens, stream_tokens_each))
+    report = render(model, streams, tokens, rows)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"prefill-stall-{model}.md").write_text(report)
+    (out / f"prefill-stall-{model}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot(model, rows, out / f"prefill-stall-{model}.png")
+    console.print(report, soft_wrap=True)
+
+
+if __name__ == "__main__":
+    app()
