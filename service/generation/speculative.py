@@ -107,8 +107,14 @@ def accept(
 class SpeculativeRunner:
     """The teacher's runner with a draft: prefill runs both; decode drafts k tokens and checks them."""
 
-    def __init__(self, teacher: DecoderRunner, draft: DecoderRunner | None, k: int, window: int) -> None:
+    def __init__(
+        self, teacher: DecoderRunner, draft: DecoderRunner | None, k: int, window: int, max_batch: int = 0
+    ) -> None:
+        """`max_batch`: draft only while at most this many sequences decode (0: always). A CPU's teacher
+        checks k + 1 positions of many rows at nearly k + 1 times a step's cost: drafting that pays at one
+        stream loses at sixteen."""
         self.teacher, self.draft, self.k, self.window = teacher, draft, k, window
+        self.max_batch = max_batch
         self._caches: tuple[SlotCache, SlotCache | None] | None = None
         self._next_draft: tuple[DecoderRunner | None] | None = None  # handed over, taken at the next step
         self._handover = threading.Lock()  # replace_draft's thread against the engine thread taking it
@@ -268,7 +274,10 @@ class SpeculativeRunner:
 
     def _draft_length(self, rows: Seq[Sequence], start: np.ndarray) -> int:
         """k, or fewer where a sequence nears the window or its last token: drafts past either are waste
-        (and positions past the window do not exist)."""
+        (and positions past the window do not exist); none while more than `max_batch` rows decode (the
+        draft then only keeps its cache in step, one pass a step)."""
+        if self.max_batch and len(rows) > self.max_batch:
+            return 0
         window_room = self.window - 1 - int(start.max())  # the last position fed is start + k
         wanted = max(s.params.max_new_tokens - len(s.output) for s in rows) - 1
         return max(0, min(self.k, window_room, wanted))

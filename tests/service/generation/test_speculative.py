@@ -106,6 +106,20 @@ def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded
     assert generate(speculative, REQUESTS, penalty=1.3) == alone
 
 
+def test_drafting_stops_while_more_sequences_than_its_cap_decode(loaded: Loaded) -> None:
+    """Above `max_batch` decoding rows a step drafts nothing (the draft keeps its cache in step), at or
+    below it drafts again; the text is the teacher's throughout."""
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS)
+    runner = SpeculativeRunner(
+        DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64, max_batch=2
+    )
+    results: list[StepResult] = []
+    assert generate(runner, REQUESTS, results=results) == alone
+    crowded = [r for r in results if r.checked > 2]
+    assert crowded and all(r.drafted == 0 for r in crowded)
+    assert any(r.drafted > 0 for r in results if 0 < r.checked <= 2)
+
+
 @pytest.mark.parametrize(
     "drafts", [("lm-teacher",), (None,), (None, "lm")], ids=["a-new-draft", "none", "none-then-one"]
 )
