@@ -123,7 +123,8 @@ class Settings(BaseSettings):
         description="Drafting only while at most this many sequences decode together (0: always): on a "
         "CPU the teacher checking k + 1 positions of many rows costs nearly k + 1 steps, so drafting that "
         "pays at one stream loses at sixteen (SmolLM2 with its draft variant, k 2: 1.31x at 1 stream, "
-        "1.12x at 2, 0.97x at 4, 0.70x at 16); above it the draft only keeps its cache in step.",
+        "1.12x at 2, 0.97x at 4, 0.70x at 16); above it the teacher decodes alone, and the draft catches "
+        "up on the running contexts once they thin out.",
     )
     speculative_draft: Literal["auto", "served"] = Field(
         "auto",
