@@ -114,7 +114,40 @@ def main(
     out.mkdir(parents=True, exist_ok=True)
     (out / f"speculative-{teacher}.md").write_text(text, encoding="utf-8")
     (out / f"speculative-{teacher}.json").write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
+    if len(counts) > 1:
+        plot(teacher, runs, counts, out / f"speculative-{teacher}.png")
     print(text)
+
+
+def median_load(runs: dict[str, list[dict[str, Any]]], name: str, streams: int, key: str) -> float:
+    """A setting's median over its rounds of one figure of one stream count's load."""
+    return statistics.median(r["loads"][streams][key] for r in runs[name])
+
+
+def plot(teacher: str, runs: dict[str, list[dict[str, Any]]], counts: list[int], out: Path) -> None:
+    """Each drafting setting's tokens/s over the teacher alone's, per stream count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    for name in [n for n in runs if n != "off"]:
+        ratios = [
+            median_load(runs, name, n, "tokens_per_s") / median_load(runs, "off", n, "tokens_per_s")
+            for n in counts
+        ]
+        axis.plot(counts, ratios, marker="o", label=name)
+    axis.axhline(1.0, color="grey", linewidth=0.8)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(counts, [str(n) for n in counts])
+    axis.set_xlabel("concurrent streams")
+    axis.set_ylabel("tokens/s, x the teacher alone")
+    axis.set_title(f"Speculative decoding: {teacher}")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
 
 
 def report(
@@ -126,7 +159,7 @@ def report(
     new_tokens: int,
 ) -> str:
     def median(name: str, n: int, key: str) -> float:
-        return statistics.median(r["loads"][n][key] for r in runs[name])
+        return median_load(runs, name, n, key)
 
     reference = runs["off"][0]["texts"]
     lines = [

@@ -115,7 +115,11 @@ class Settings(BaseSettings):
         "most a third of the teacher's.",
     )
     speculative_tokens: int = Field(
-        4, ge=1, le=16, description="Tokens the draft proposes per teacher step (k)."
+        2,
+        ge=1,
+        le=16,
+        description="Tokens the draft proposes per teacher step (k). 2, measured: SmolLM2 drafted by its "
+        "draft variant 1.22x at k 2 against 1.14x at 3; the demo pair 1.04x at both 2 and 4.",
     )
     speculative_max_batch: int = Field(
         2,

@@ -47,7 +47,7 @@ class StepResult:
     more: dict[int, list[int]] = field(default_factory=dict)  # tokens after it (speculative decoding)
     drafted: int = 0  # speculative decoding: draft tokens proposed this step
     accepted: int = 0  # of them, kept by the teacher
-    checked: int = 0  # sequences the teacher's pass checked (one teacher step each)
+    checked: int = 0  # sequences whose drafts the teacher's pass checked (one teacher step each)
     logprobs: StepLogprobs = field(default_factory=lambda: StepLogprobs())
 
 

@@ -158,7 +158,7 @@ class SpeculativeRunner:
         tokens: dict[int, int] = {}
         more: dict[int, list[int]] = {}
         logprobs = StepLogprobs()
-        drafted = accepted = 0
+        drafted = accepted = checked = 0
         whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
         tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
         if self.draft is not None and not self._crowded(len(plan.decode) + len(plan.prefill)):
@@ -169,6 +169,7 @@ class SpeculativeRunner:
             for seq_id, emitted in emitted_by.items():
                 tokens[seq_id], more[seq_id] = emitted[0], emitted[1:]
                 drafted, accepted = drafted + k, accepted + len(emitted) - 1
+            checked = len(plan.decode) if k else 0  # a step that drafted nothing is a plain decode step
         else:
             self._caches = None
         fresh = {s.id for s in plan.prefill}
@@ -176,7 +177,6 @@ class SpeculativeRunner:
         if self.draft is not None:
             self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
-        checked = len(plan.decode)
         return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs)
 
     def _step(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> tuple[dict[int, list[int]], int]:

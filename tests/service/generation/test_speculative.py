@@ -115,8 +115,8 @@ def test_drafting_stops_while_more_sequences_than_its_cap_decode(loaded: Loaded)
     )
     results: list[StepResult] = []
     assert generate(runner, REQUESTS, results=results) == alone
-    crowded = [i for i, r in enumerate(results) if r.checked > 2]
-    assert crowded and all(results[i].drafted == 0 for i in crowded)
+    crowded = [i for i, r in enumerate(results) if len(r.more) > 2]  # `more`: each decoded row's
+    assert crowded and all(results[i].drafted == results[i].checked == 0 for i in crowded)
     assert any(r.drafted > 0 for r in results[: crowded[0]])
     assert any(r.drafted > 0 for r in results[crowded[-1] :])  # drafting again, after catching up
 
@@ -141,7 +141,7 @@ def test_a_draft_replaced_while_sequences_run_keeps_the_teachers_text(
     results: list[StepResult] = []
     assert generate(runner, REQUESTS, before_step=swap, results=results) == alone
     last = drafts[-1]
-    after = [r for r in results[max(swaps) :] if r.checked]
+    after = [r for r in results[max(swaps) :] if r.more]  # steps that decoded
     assert after
     if last is None:  # the teacher alone: one token a step, nothing drafted
         assert all(r.drafted == 0 and not any(r.more.values()) for r in after)
@@ -187,15 +187,15 @@ def test_a_round_of_k_drafts_costs_k_draft_passes(loaded: Loaded, draft: str) ->
     requests = [(0, [5, 9, 13, 2], 24), (0, [7, 7, 7], 24)]
     alone = generate(DecoderRunner(*loaded["lm-teacher"]), requests)
     assert generate(runner, requests, results=results) == alone
-    rounds = [r for r in results if r.checked]
+    rounds = [r for r in results if r.more]  # steps that decoded (`more`: each row's)
     firsts, at = [], 0
     for r in rounds:  # each round's passes: k of them (one when k is 0 at the end)
         firsts.append(counting.widths[at])
-        assert set(counting.widths[at + 1 : at + max(r.drafted // r.checked, 1)]) <= {1}
-        at += max(r.drafted // r.checked, 1)
+        assert set(counting.widths[at + 1 : at + max(r.drafted // len(r.more), 1)]) <= {1}
+        at += max(r.drafted // len(r.more), 1)
     assert at == len(counting.widths)
     kept_all = [
-        r.drafted > 0 and any(len(m) == r.drafted // r.checked for m in r.more.values()) for r in rounds
+        r.drafted > 0 and any(len(m) == r.drafted // len(r.more) for m in r.more.values()) for r in rounds
     ]
     assert all(kept for kept, first in zip(kept_all, firsts[1:], strict=False) if first == 2)
     assert firsts[0] == 1 and 2 in firsts

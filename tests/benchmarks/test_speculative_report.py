@@ -1,0 +1,61 @@
+"""benchmarks.speculative's report and plot: each setting against the teacher alone, per stream count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.speculative import plot, report
+
+
+def load(rate: float) -> dict[str, float]:
+    return {"tokens_per_s": rate, "ttft_p50_ms": 40.0}
+
+
+def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: Path) -> None:
+    texts = ["a b", "c d"]
+    runs: dict[str, list[dict[str, Any]]] = {
+        "off": [
+            {
+                "texts": texts,
+                "loads": {1: load(30), 16: load(260)},
+                "acceptance": None,
+                "tokens_per_check": None,
+            },
+            {
+                "texts": texts,
+                "loads": {1: load(34), 16: load(280)},
+                "acceptance": None,
+                "tokens_per_check": None,
+            },
+        ],
+        "k=2": [
+            {
+                "texts": texts,
+                "loads": {1: load(40), 16: load(200)},
+                "acceptance": 0.5,
+                "tokens_per_check": 1.9,
+            },
+            {
+                "texts": texts,
+                "loads": {1: load(44), 16: load(190)},
+                "acceptance": 0.4,
+                "tokens_per_check": 1.8,
+            },
+        ],
+        "k=3": [
+            {
+                "texts": ["a b", "x"],
+                "loads": {1: load(32), 16: load(270)},
+                "acceptance": 0.3,
+                "tokens_per_check": 2.0,
+            }
+        ],
+    }
+    text = report("lm-teacher", runs, [1, 16], 2, 15, 32)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| k=")}
+    assert "42 (1.31x)" in rows["k=2"] and "195 (0.72x)" in rows["k=2"]  # medians over rounds, / off's
+    assert "| 0.45 | 1.85 | yes (2 prompts) |" in rows["k=2"]
+    assert rows["k=3"].endswith("| NO (2 prompts) |")  # a greedy text that differs is said so
+    plot("lm-teacher", runs, [1, 16], tmp_path / "speculative.png")
+    assert (tmp_path / "speculative.png").stat().st_size > 1000
