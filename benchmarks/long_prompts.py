@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,40 @@ def prompts_from(base: str, model: str, text: str, count: int, tokens: int) -> l
     return [ids[i * tokens : (i + 1) * tokens] for i in range(count)]
 
 
-def measure(
-    repository: Path, model: str, budget: int, text: str, prompts: int, tokens: int, rounds: int
-) -> dict[str, Any]:
-    env = {
+def budget_env(budget: int, text: str) -> dict[str, str]:
+    """A server of one prefill budget, the model alone, taking requests as long as `text`."""
+    return {
         "DISTILSERVE_GEN_PREFILL_TOKENS": str(budget),
-        "DISTILSERVE_SPECULATIVE": "off",  # the model alone
+        "DISTILSERVE_SPECULATIVE": "off",
         "DISTILSERVE_MAX_BODY_BYTES": "16000000",
         "DISTILSERVE_MAX_TEXT_CHARS": str(max(100_000, len(text))),
     }
-    with serve(repository, env) as base:
+
+
+def measured_budgets(
+    label: str, budgets: str, measure_one: Callable[[int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`measure_one` of each budget of the comma list, in order, each announced."""
+    console = line_console()
+    rows = []
+    for budget in (int(b) for b in budgets.split(",")):
+        console.print(f"{label}: budget {budget:,}")
+        rows.append(measure_one(budget))
+    return rows
+
+
+def write_report(stem: Path, report: str, rows: list[dict[str, Any]]) -> None:
+    """STEM.md and STEM.json, and the table printed."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(report)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    line_console().print(report, soft_wrap=True)
+
+
+def measure(
+    repository: Path, model: str, budget: int, text: str, prompts: int, tokens: int, rounds: int
+) -> dict[str, Any]:
+    with serve(repository, budget_env(budget, text)) as base:
         batch = prompts_from(base, model, text, prompts, tokens)
         ready = engine_core_rss(SERVER_PIDS[base])
         body = {"model": model, "prompt": batch, "max_tokens": 0, "echo": True, "logprobs": 1}
@@ -104,17 +129,13 @@ def main(
     ),
     out: Path = typer.Option(Path("docs/bench"), "--out", help="Directory of the report."),
 ) -> None:
-    console = line_console()
     source = text.read_text()
-    rows = []
-    for budget in (int(b) for b in budgets.split(",")):
-        console.print(f"long-prompts: budget {budget:,}")
-        rows.append(measure(repository, model, budget, source, prompts, tokens, rounds))
-    report = render(model, prompts, tokens, rows)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"long-prompts-{model}.md").write_text(report)
-    (out / f"long-prompts-{model}.json").write_text(json.dumps(rows, indent=2) + "\n")
-    console.print(report, soft_wrap=True)
+    rows = measured_budgets(
+        "long-prompts",
+        budgets,
+        lambda budget: measure(repository, model, budget, source, prompts, tokens, rounds),
+    )
+    write_report(out / f"long-prompts-{model}", render(model, prompts, tokens, rows), rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Writes OUT/prefill-stall-MODEL.{md,json,png}.
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import threading
 import time
@@ -26,9 +25,9 @@ from typing import Any
 import httpx
 import typer
 
-from benchmarks.long_prompts import prompts_from
+from benchmarks.long_prompts import budget_env, measured_budgets, prompts_from, write_report
+from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
-from common.cli import line_console
 
 app = typer.Typer(add_completion=False)
 WARM_TOKENS = 8  # each stream's tokens before the long prompt is sent
@@ -56,13 +55,7 @@ def stream_tokens(base: str, model: str, new_tokens: int, times: list[float], st
 def measure(
     repository: Path, model: str, budget: int, text: str, streams: int, tokens: int, stream_tokens_each: int
 ) -> dict[str, Any]:
-    env = {
-        "DISTILSERVE_GEN_PREFILL_TOKENS": str(budget),
-        "DISTILSERVE_SPECULATIVE": "off",  # the model alone
-        "DISTILSERVE_MAX_BODY_BYTES": "16000000",
-        "DISTILSERVE_MAX_TEXT_CHARS": str(max(100_000, len(text))),
-    }
-    with serve(repository, env) as base:
+    with serve(repository, budget_env(budget, text)) as base:
         [prompt] = prompts_from(base, model, text, 1, tokens)
         stop = threading.Event()
         times: list[list[float]] = [[] for _ in range(streams)]
@@ -114,25 +107,14 @@ def render(model: str, streams: int, tokens: int, rows: list[dict[str, Any]]) ->
 
 
 def plot(model: str, rows: list[dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 4))
-    for row in rows:
-        at, gap = zip(*row["gaps"], strict=True) if row["gaps"] else ((), ())
-        axis.plot(
-            at, gap, ".", label=f"budget {row['budget']:,} (answered at {row['prompt_answer_s']:.1f} s)"
-        )
-    axis.axvline(0, color="grey", linewidth=0.8)
-    axis.set_xlabel("seconds since the long prompt was sent")
-    axis.set_ylabel("gap before a stream's token (s)")
-    axis.set_title(f"{model}: running streams while a long prompt is prefilled")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    title = f"{model}: running streams while a long prompt is prefilled"
+    xlabel, ylabel = "seconds since the long prompt was sent", "gap before a stream's token (s)"
+    with saved_axes(out, (8, 4), title, xlabel, ylabel) as axis:
+        for row in rows:
+            at, gap = zip(*row["gaps"], strict=True) if row["gaps"] else ((), ())
+            label = f"budget {row['budget']:,} (answered at {row['prompt_answer_s']:.1f} s)"
+            axis.plot(at, gap, ".", label=label)
+        axis.axvline(0, color="grey", linewidth=0.8)
 
 
 @app.command()
@@ -150,18 +132,15 @@ def main(
     ),
     out: Path = typer.Option(Path("docs/bench"), "--out", help="Directory of the report."),
 ) -> None:
-    console = line_console()
     source = text.read_text()
-    rows = []
-    for budget in (int(b) for b in budgets.split(",")):
-        console.print(f"prefill-stall: budget {budget:,}")
-        rows.append(measure(repository, model, budget, source, streams, tokens, stream_tokens_each))
-    report = render(model, streams, tokens, rows)
+    rows = measured_budgets(
+        "prefill-stall",
+        budgets,
+        lambda budget: measure(repository, model, budget, source, streams, tokens, stream_tokens_each),
+    )
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"prefill-stall-{model}.md").write_text(report)
-    (out / f"prefill-stall-{model}.json").write_text(json.dumps(rows, indent=2) + "\n")
     plot(model, rows, out / f"prefill-stall-{model}.png")
-    console.print(report, soft_wrap=True)
+    write_report(out / f"prefill-stall-{model}", render(model, streams, tokens, rows), rows)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import httpx
 import typer
 from rich.console import Console
 
+from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
 from benchmarks.streams import generation_load
 from benchmarks.wrk_load import metric_totals
@@ -126,28 +127,19 @@ def median_load(runs: dict[str, list[dict[str, Any]]], name: str, streams: int, 
 
 def plot(teacher: str, runs: dict[str, list[dict[str, Any]]], counts: list[int], out: Path) -> None:
     """Each drafting setting's tokens/s over the teacher alone's, per stream count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 3.6))
-    for name in [n for n in runs if n != "off"]:
-        ratios = [
-            median_load(runs, name, n, "tokens_per_s") / median_load(runs, "off", n, "tokens_per_s")
-            for n in counts
-        ]
-        axis.plot(counts, ratios, marker="o", label=name)
-    axis.axhline(1.0, color="grey", linewidth=0.8)
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(counts, [str(n) for n in counts])
-    axis.set_xlabel("concurrent streams")
-    axis.set_ylabel("tokens/s, x the teacher alone")
-    axis.set_title(f"Speculative decoding: {teacher}")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(out, dpi=110)
-    plt.close(figure)
+    title, xlabel, ylabel = (
+        f"Speculative decoding: {teacher}",
+        "concurrent streams",
+        "tokens/s, x the teacher alone",
+    )
+    with saved_axes(out, (6, 3.6), title, xlabel, ylabel) as axis:
+        for name in [n for n in runs if n != "off"]:
+            alone = [median_load(runs, "off", n, "tokens_per_s") for n in counts]
+            drafted = [median_load(runs, name, n, "tokens_per_s") for n in counts]
+            axis.plot(counts, [a / b for a, b in zip(drafted, alone, strict=True)], marker="o", label=name)
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(counts, [str(n) for n in counts])
 
 
 def report(
