@@ -5,11 +5,12 @@
 
 One fresh server per `DISTILSERVE_GEN_PREFILL_TOKENS` budget. `--streams` clients stream /v1/generate
 (ignore_eos, back to back) and, once each has its first tokens, one prompt of `--tokens` token ids (cut
-from `--text` by the server's tokenizer) is sent to /v1/completions for one token. A budget past the
-prompt's length is one prefill call, which the streams wait for whole; a smaller one is a chunk a step
-between their decode steps. Reports per budget the streams' longest gap between two tokens while the
-prompt was prefilled, their median gap before it came, and the prompt's time to its answer; a plot of
-every gap over time beside the table.
+from `--text` by the server's tokenizer) is sent to /v1/completions for one token, and half a second later
+a short one. A budget past the long prompt's length is one prefill call, which the streams wait for whole;
+a smaller one is a chunk a step between their decode steps, and the short prompt joins beside it. Reports
+per budget the streams' longest gap between two tokens while the long prompt was prefilled, their median
+gap before it came, and the time each prompt took to its answer; a plot of every gap over time beside the
+table.
 Writes OUT/prefill-stall-MODEL.{md,json,png}.
 """
 
@@ -31,6 +32,13 @@ from benchmarks.servers import serve
 
 app = typer.Typer(add_completion=False)
 WARM_TOKENS = 8  # each stream's tokens before the long prompt is sent
+SHORT_AFTER_S = 0.5  # a short prompt follows the long one this much later
+
+
+def answer(base: str, model: str, prompt: str | list[int]) -> None:
+    """One completion of one token (raises on an error answer)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1}
+    httpx.post(f"{base}/v1/completions", json=body, timeout=1800).raise_for_status()
 
 
 def stream_tokens(base: str, model: str, new_tokens: int, times: list[float], stop: threading.Event) -> None:
@@ -70,8 +78,13 @@ def measure(
         while min(len(t) for t in times) < WARM_TOKENS:
             time.sleep(0.05)
         sent = time.perf_counter()
-        body = {"model": model, "prompt": prompt, "max_tokens": 1}
-        httpx.post(f"{base}/v1/completions", json=body, timeout=1800).raise_for_status()
+        long_reply = threading.Thread(target=answer, args=(base, model, prompt), daemon=True)
+        long_reply.start()
+        time.sleep(SHORT_AFTER_S)
+        short_sent = time.perf_counter()
+        answer(base, model, "The capital of France is")
+        short_answered = time.perf_counter()
+        long_reply.join()
         answered = time.perf_counter()
         time.sleep(2.0)  # the streams' steps after it
         stop.set()
@@ -85,6 +98,7 @@ def measure(
         "longest_gap_s": max(during, default=0.0),
         "median_gap_before_s": statistics.median(before) if before else None,
         "prompt_answer_s": answered - sent,
+        "short_prompt_answer_s": short_answered - short_sent,
         "gaps": gaps,
     }
 
@@ -94,14 +108,16 @@ def render(model: str, streams: int, tokens: int, rows: list[dict[str, Any]]) ->
         f"# Streams while a prompt joins: {model}, {streams} streams, one prompt of {tokens:,} tokens",
         "",
         "| prefill budget (positions a call) | streams' longest gap while it is prefilled | their median gap "
-        "before | the prompt answered after |",
-        "|---|---|---|---|",
+        f"before | the prompt answered after | a short prompt sent {SHORT_AFTER_S:g} s after it, answered "
+        "after |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
         before = row["median_gap_before_s"]
         lines.append(
             f"| {row['budget']:,} | {row['longest_gap_s']:.2f} s "
-            f"| {'-' if before is None else f'{1000 * before:.0f} ms'} | {row['prompt_answer_s']:.2f} s |"
+            f"| {'-' if before is None else f'{1000 * before:.0f} ms'} | {row['prompt_answer_s']:.2f} s "
+            f"| {row['short_prompt_answer_s']:.2f} s |"
         )
     return "\n".join(lines) + "\n"
 

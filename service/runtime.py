@@ -243,6 +243,7 @@ def _generation_core(
     """Its deliver and fail are bound by whoever streams its tokens (service.served, service.core)."""
     config = SchedulerConfig(
         max_running=settings.gen_max_batch,
+        prefill_tokens=settings.gen_prefill_tokens,
         max_cached_tokens=settings.gen_max_cached_tokens,
         max_waiting=settings.gen_max_waiting,
     )

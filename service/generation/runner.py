@@ -32,7 +32,7 @@ import numpy as np
 from service.engine import DeviceEngine, Engine
 from service.generation.device_cache import DeviceCache, RowGather
 from service.generation.sampling import Logprob, next_token, token_logprob
-from service.generation.scheduler import StepPlan
+from service.generation.scheduler import PREFILL_TOKENS, StepPlan
 from service.generation.sequence import Sequence
 from service.manifest import GenerationLayout
 
@@ -171,9 +171,6 @@ class SlotCache:
         return [(np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)) for _ in range(layers)]
 
 
-PREFILL_TOKENS = 512  # positions (rows x columns) in one prefill call: DISTILSERVE_GEN_PREFILL_TOKENS
-
-
 @dataclass
 class PromptBatch:
     """Prompts prefilled together, right-padded: their keys and values so far (columns [0, start)), and the
@@ -203,10 +200,14 @@ class PromptBatch:
     def width(self) -> int:
         return int(self.ids.shape[1])
 
-    def holds(self, seqs: Seq[Sequence]) -> bool:
-        """Whether `seqs` are prompts of this batch still under way (the rest are done or gone)."""
-        mine = {s.id for s in self.seqs}
-        return all(s.id in mine for s in seqs)
+    @property
+    def done(self) -> bool:
+        """Every column run: each prompt through the model."""
+        return self.start >= self.width
+
+    def has(self, seq: Sequence) -> bool:
+        """Whether `seq` is one of this batch's prompts."""
+        return any(s.id == seq.id for s in self.seqs)
 
     def keep(self, seqs: Seq[Sequence]) -> None:
         """Only the rows of `seqs`, in their order (a prompt done or abandoned leaves)."""
@@ -314,11 +315,16 @@ class DecoderRunner:
         logprobs: StepLogprobs | None = None,
         whole: bool = True,
     ) -> dict[int, int]:
-        """The prompts' caches, kept until the sequences join the decode batch, and (`choose`) each one's
-        first token, its log-probabilities into `logprobs` where asked; a draft model prefills without
-        choosing (its choice would spend the sequence's RNG). Not `whole`: the next chunk of columns only,
-        the prompts that end in it done (see `_prefill`)."""
+        """A step's prompts (`StepPlan.prefill`): their caches, kept until the sequences join the decode
+        batch, and (`choose`) each one's first token, its log-probabilities into `logprobs` where asked; a
+        draft model prefills without choosing (its choice would spend the sequence's RNG). Not `whole`: the
+        prompts under way go on by their next chunk only (see `_prefill`)."""
         return self._prefill(seqs, choose, logprobs, whole)
+
+    def prefill_aside(self, seqs: Seq[Sequence]) -> None:
+        """Contexts prefilled whole, without choosing, beside whatever prompts are under way (a draft
+        catching up on sequences already running): their caches join the decode batch at the next step."""
+        self._run_prompts(PromptBatch.of(seqs, self.layout), False, None, whole=True)
 
     def prefilled_ids(self) -> set[int]:
         """The sequences whose prefilled caches wait to join the decode batch."""
@@ -345,28 +351,43 @@ class DecoderRunner:
         logprobs: StepLogprobs | None = None,
         whole: bool = True,
     ) -> dict[int, int]:
-        """The prompts together (a `PromptBatch`): right-padded, in chunks of columns that keep a call to
-        `prefill_tokens` positions (rows x columns), each chunk's presents the next one's past; all chunks,
-        or (not `whole`) the next one. A prompt that ends in a chunk is done there: its first token chosen,
-        its cache kept to join the decode batch. The same sequences asked again, less those done, continue
-        where the last call stopped (one batch is under way at a time: the scheduler's `prefilling`); other
-        sequences prefilled whole meanwhile (a draft catching up) leave it be.
+        """The step's prompts: those under way (a `PromptBatch` begun at an earlier step, less those done)
+        go on by their next chunk, or all of them (`whole`); new ones beside them are prefilled whole (the
+        scheduler admits beside a batch under way only prompts that fit one call: a short request does not
+        wait behind a long one); new ones alone start a batch of their own, chunked the same way."""
+        under_way = self._prompts
+        going_on = [s for s in seqs if under_way is not None and under_way.has(s)]
+        new = [s for s in seqs if not (under_way is not None and under_way.has(s))]
+        tokens: dict[int, int] = {}
+        self._prompts = None
+        if going_on:
+            assert under_way is not None
+            under_way.keep(going_on)
+            tokens |= self._run_prompts(under_way, choose, logprobs, whole)
+            if new:
+                tokens |= self._run_prompts(PromptBatch.of(new, self.layout), choose, logprobs, whole=True)
+            self._prompts = None if under_way.done else under_way
+        elif new:
+            batch = PromptBatch.of(new, self.layout)
+            tokens |= self._run_prompts(batch, choose, logprobs, whole)
+            self._prompts = None if batch.done else batch
+        return tokens
+
+    def _run_prompts(
+        self, batch: PromptBatch, choose: bool, logprobs: StepLogprobs | None, whole: bool
+    ) -> dict[int, int]:
+        """Right-padded prompts in chunks of columns that keep a call to `prefill_tokens` positions (rows x
+        columns), each chunk's presents the next one's past: all chunks, or (not `whole`) the next one. A
+        prompt that ends in a chunk is done there: its first token chosen (`choose`), its cache kept to join
+        the decode batch.
 
         A call's logits are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in
         one call are 1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for
         good. And a step's chunk is what the running sequences wait for, a token each, while it runs."""
-        if not seqs:
-            self._prompts = None  # the prompts under way, if any, are all gone
-            return {}
-        under_way = self._prompts
-        if under_way is not None and under_way.holds(seqs):
-            batch = under_way
-        else:
-            batch = PromptBatch.of(seqs, self.layout)
-        batch.keep(seqs)
         tokens: dict[int, int] = {}
-        while batch.start < batch.width:
-            start, end = batch.start, min(batch.width, batch.start + max(1, self.prefill_tokens // len(seqs)))
+        rows = len(batch.seqs)
+        while not batch.done:
+            start, end = batch.start, min(batch.width, batch.start + max(1, self.prefill_tokens // rows))
             mask = batch.mask[:, :end]
             outputs = self._run(batch.ids[:, start:end], mask, batch.positions[:, start:end], batch.past)
             presents = self._presents(outputs)
@@ -385,10 +406,6 @@ class DecoderRunner:
                     self._prefilled[s.id] = [(k[row, :, :n], v[row, :, :n]) for k, v in presents]
             if not whole:
                 break
-        if batch.start < batch.width:
-            self._prompts = batch
-        elif batch is under_way:
-            self._prompts = None
         return tokens
 
     def _decode(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> dict[int, int]:

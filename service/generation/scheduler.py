@@ -6,7 +6,9 @@ cache mid-generation and nothing has to be preempted.
 
 An admitted sequence is prefilling until its first token comes: the runner takes a long prompt through the
 model a chunk a step while the others decode (runner.DecoderRunner._prefill), so the plan names the same
-group of prompts step after step, less those done, and admits the next group only when it is through.
+group of prompts step after step, less those done. Beside a group under way, newcomers join only if their
+prompts go through in one call (a short request does not wait behind a long one); a longer one waits until
+the group is through and starts the next.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from dataclasses import dataclass
 from service.batch_policy import BatcherClosedError, QueueFullError
 from service.generation.sequence import Sequence
 
+PREFILL_TOKENS = 512  # positions (rows x columns) in one prefill call: DISTILSERVE_GEN_PREFILL_TOKENS
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_running: int = 16  # sequences decoded together (DISTILSERVE_GEN_MAX_BATCH)
+    prefill_tokens: int = PREFILL_TOKENS  # the runner's call budget: who can join beside a group under way
     max_cached_tokens: int = 65536  # KV-cache positions reserved across running sequences
     max_waiting: int = 256  # beyond this, new requests get 429
 
@@ -74,16 +79,22 @@ class Scheduler:
         self.prefilling = [s for s in self.prefilling if not s.output and not s.done]
         under_way = {s.id for s in self.prefilling}
         decode = [s for s in self.running if s.id not in under_way]
-        if self.prefilling:
-            return StepPlan(prefill=list(self.prefilling), decode=decode)
+        self.prefilling += self._admit(one_call=bool(self.prefilling))
+        return StepPlan(prefill=list(self.prefilling), decode=decode)
+
+    def _admit(self, one_call: bool) -> list[Sequence]:
+        """Waiting sequences that join now, in arrival order while the budgets allow; `one_call`: only
+        while their prompts together go through in one prefill call (beside a group under way)."""
         reserved = self.reserved_tokens()
-        prefill: list[Sequence] = []
-        while self.waiting and len(self.running) + len(prefill) < self.config.max_running:
+        joining: list[Sequence] = []
+        while self.waiting and len(self.running) + len(joining) < self.config.max_running:
             candidate = self.waiting[0]
             if reserved + candidate.capacity > self.config.max_cached_tokens:
                 break  # first come, first served: no overtaking by smaller requests
-            prefill.append(self.waiting.popleft())
+            group = [*joining, candidate]
+            if one_call and max(len(s.prompt) for s in group) * len(group) > self.config.prefill_tokens:
+                break  # the rest wait for the group under way, in arrival order
+            joining.append(self.waiting.popleft())
             reserved += candidate.capacity
-        self.running.extend(prefill)
-        self.prefilling = list(prefill)
-        return StepPlan(prefill=prefill, decode=decode)
+        self.running.extend(joining)
+        return joining

@@ -274,7 +274,7 @@ class SpeculativeRunner:
         the last token, what the teacher's cache holds) prefilled into it, in the teacher's row order."""
         assert self.draft is not None
         contexts = [dataclasses.replace(s, prompt=[*s.prompt, *s.output[:-1]]) for s in rows]  # same ids
-        self.draft.prefill(contexts, choose=False)
+        self.draft.prefill_aside(contexts)
         cache = self._draft_cache()
         assert cache is not None
         sync_rows(cache, rows, self.draft)

@@ -71,22 +71,27 @@ def test_bounds_refuse_instead_of_growing() -> None:
         s.add(seq(1))
 
 
-def test_a_prompt_under_way_stays_in_the_plan_and_the_next_ones_wait_for_it() -> None:
+def test_a_prompt_under_way_stays_in_the_plan_and_only_short_ones_join_beside_it() -> None:
     """A sequence is prefilling until its first token comes (a long prompt takes several steps): the plan
-    names it again, not as decoding, and waiting ones join once the prompts under way are through."""
-    s = Scheduler(SchedulerConfig(max_running=4))
+    names it again, not as decoding. Beside it newcomers join whose prompts go through in one call; a longer
+    one waits, and those after it too (arrival order), until the prompts under way are through."""
+    s = Scheduler(SchedulerConfig(max_running=8, prefill_tokens=16))
     short, long = seq(3), seq(900)
     s.add(short)
     s.add(long)
     assert s.schedule().prefill == [short, long]
     short.output.append(7)  # its prompt ended in the first chunk; the long one goes on
-    newcomer = seq(2)
-    s.add(newcomer)
+    quick, slow, after = seq(8), seq(17), seq(2)
+    for x in (quick, slow, after):
+        s.add(x)
     plan = s.schedule()
-    assert plan.prefill == [long] and plan.decode == [short]  # the newcomer waits for the long prompt
+    assert plan.prefill == [long, quick] and plan.decode == [short]  # 8 fits a call of 16; 17 never does
+    quick.output.append(7)
+    plan = s.schedule()
+    assert plan.prefill == [long] and plan.decode == [short, quick]  # slow waits; `after` behind it
     long.output.append(7)
     plan = s.schedule()
-    assert plan.prefill == [newcomer] and plan.decode == [short, long]
-    newcomer.aborted = True  # gone part-way through its prefill: out of the plan, its slot freed
+    assert plan.prefill == [slow, after] and plan.decode == [short, long, quick]
+    after.aborted = True  # gone part-way through its prefill: out of the plan, its slot freed
     plan = s.schedule()
-    assert plan.prefill == [] and plan.decode == [short, long] and newcomer not in s.running
+    assert plan.prefill == [slow] and after not in s.running
