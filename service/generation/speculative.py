@@ -36,17 +36,11 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
-from service.generation.runner import (
-    DecoderRunner,
-    SlotCache,
-    StepLogprobs,
-    StepResult,
-    add_logprobs,
-    sync_rows,
-)
+from service.generation.runner import DecoderRunner, StepLogprobs, StepResult, add_logprobs, sync_rows
 from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
+from service.generation.slot_cache import SlotCache
 from service.manifest import GenerationLayout, Manifest
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,11 @@ import pytest
 
 from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
-from service.generation.runner import ROOM, DecoderRunner, StepLogprobs
+from service.generation.runner import DecoderRunner, StepLogprobs
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
+from service.generation.slot_cache import ROOM
 from service.repository import read_version
 from service.tokenization import TextEncoder
 from tests.conftest import TASK_MODEL_NAMES

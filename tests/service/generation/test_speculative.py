@@ -17,10 +17,11 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, LayerCache, StepResult
+from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
+from service.generation.slot_cache import LayerCache
 from service.generation.speculative import SpeculativeRunner, accept, distribution
 from service.manifest import GenerationLayout
 from service.repository import scan_repository
