@@ -4,82 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from service.engine import OrtEngine
 from service.generation.engine import GenerationEngine
-from service.generation.runner import DecoderRunner, StepLogprobs
+from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
 from service.generation.slot_cache import ROOM
-from service.repository import read_version
-from service.tokenization import TextEncoder
-from tests.conftest import TASK_MODEL_NAMES
-
-PROMPTS = [
-    "Acme",
-    "I loved this film, it was",
-    "Who founded Acme? When was it founded?",
-    "A dull",
-    "Springfield is a city",
-    "The film was wonderful and the music",
-    "Who",
-    "When was Acme founded by John Smith in the city",
-]
-
-
-GRAPHS = {"appending": ("tiny_repository", "new"), "optimum": ("optimum_lm_repository", "all")}
-
-
-@pytest.fixture(scope="module", params=list(GRAPHS))
-def parts(request: pytest.FixtureRequest) -> Iterator[tuple[Any, ...]]:
-    """Every test runs on both decoder graphs: distilserve's appending one and optimum's."""
-    repository, present_positions = GRAPHS[request.param]
-    version = read_version(request.getfixturevalue(repository) / TASK_MODEL_NAMES["text-generation"] / "1")
-    m = version.manifest
-    assert m.generation is not None
-    assert m.generation.present_positions == present_positions
-    engine = OrtEngine(version.file("model.onnx"), device="cpu")
-    encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
-    with ThreadPoolExecutor(max_workers=1) as executor:
-        yield engine, m.generation, encoder, executor
-
-
-def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None = -1) -> GenerationEngine:
-    engine, layout, encoder, executor = parts
-    return GenerationEngine(
-        DecoderRunner(engine, layout),
-        Scheduler(SchedulerConfig(max_running=max_running)),
-        encoder.text_stream,
-        layout.eos_token_id if eos == -1 else eos,
-        executor,
-    )
-
-
-def ids(parts: tuple[Any, ...], text: str) -> list[int]:
-    return [int(t) for t in parts[2].encode([text])[0].input_ids]
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> list[int]:
-    async def main() -> list[int]:
-        engine = make_engine(parts)
-        engine.start()
-        seq, _ = await engine.generate(prompt, params)
-        await engine.close()
-        return seq.output
-
-    return run(main())
+from tests.service.generation.helpers import PROMPTS, alone, ids, make_engine, run
 
 
 def test_greedy_alone_equals_pytorch_generate(parts: tuple[Any, ...], tiny_models: dict[str, Path]) -> None:
@@ -350,103 +286,3 @@ def test_a_stream_interval_groups_fast_tokens_and_hands_the_first_out_at_once(pa
     assert times[0] - submitted < interval  # the first token did not wait for the interval
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= interval - 0.01 for gap in gaps), gaps  # (the loop may fire a timer 1 tick early)
-
-
-def test_a_chunked_prefill_equals_one_call(parts: tuple[Any, ...]) -> None:
-    """Prompts longer than the call budget are prefilled in chunks of columns, each chunk's presents the next
-    one's past: the same first tokens, log-probabilities (prompt and token) and caches as one call, and the
-    same greedy continuations once decoding."""
-    engine, layout = parts[0], parts[1]
-    prompts = [ids(parts, text) for text in (PROMPTS[7], PROMPTS[0], PROMPTS[2] + " " + PROMPTS[5])]
-    params = SamplingParams(max_new_tokens=6, logprobs=2, prompt_logprobs=2)
-
-    def prefill(budget: int) -> tuple[dict[int, int], StepLogprobs, list[Any]]:
-        runner = DecoderRunner(engine, layout, prefill_tokens=budget)
-        seqs = [Sequence(prompt, params, id=i) for i, prompt in enumerate(prompts)]
-        logprobs = StepLogprobs()
-        tokens = runner.prefill(seqs, logprobs=logprobs)
-        return tokens, logprobs, [runner._prefilled[s.id] for s in seqs]
-
-    whole_tokens, whole_logprobs, whole_caches = prefill(10_000)
-    assert max(len(p) for p in prompts) > 5  # three rows at a budget of 8: chunks of 2 columns
-    chunked_tokens, chunked_logprobs, chunked_caches = prefill(8)
-    assert chunked_tokens == whole_tokens
-    for seq_id, prompt in enumerate(prompts):
-        whole, chunked = whole_logprobs.prompts.get(seq_id, []), chunked_logprobs.prompts.get(seq_id, [])
-        assert len(chunked) == len(prompt) - 1
-        for (lp_whole, alt_whole), (lp_chunked, alt_chunked) in zip(whole, chunked, strict=True):
-            assert lp_chunked == pytest.approx(lp_whole, abs=1e-4)
-            assert [t for t, _ in alt_chunked] == [t for t, _ in alt_whole]
-        assert chunked_logprobs.tokens[seq_id][0][0] == pytest.approx(
-            whole_logprobs.tokens[seq_id][0][0], abs=1e-4
-        )
-    for whole_cache, chunked_cache in zip(whole_caches, chunked_caches, strict=True):
-        for (wk, wv), (ck, cv) in zip(whole_cache, chunked_cache, strict=True):
-            assert ck.shape == wk.shape
-            np.testing.assert_allclose(ck, wk, atol=1e-4)
-            np.testing.assert_allclose(cv, wv, atol=1e-4)
-
-    async def continuations(budget: int) -> list[list[int]]:
-        generation = GenerationEngine(
-            DecoderRunner(engine, layout, prefill_tokens=budget),
-            Scheduler(SchedulerConfig()),
-            parts[2].text_stream,
-            None,
-            parts[3],
-        )
-        generation.start()
-        done = await asyncio.gather(
-            *(generation.generate(p, SamplingParams(max_new_tokens=8)) for p in prompts)
-        )
-        await generation.close()
-        return [seq.output for seq, _ in done]
-
-    assert run(continuations(3)) == run(continuations(10_000))
-
-
-def test_a_long_prompt_goes_through_a_chunk_a_step_while_the_others_decode(parts: tuple[Any, ...]) -> None:
-    """Sequences already decoding get a token every step while a newcomer's long prompt is prefilled a chunk
-    at a time (they wait for a chunk, not the whole prompt); its first token comes with its last chunk, with
-    all its prompt's log-probabilities. A short prompt arriving meanwhile joins beside it and gets its first
-    token at once. Every output equals the sequence's alone."""
-    engine, layout = parts[0], parts[1]
-    params = SamplingParams(max_new_tokens=12, prompt_logprobs=1)
-    early = [Sequence(ids(parts, text), params) for text in PROMPTS[:2]]
-    late = Sequence(ids(parts, PROMPTS[2] + " " + PROMPTS[5]), params)
-    short = Sequence(ids(parts, "Who"), params)
-    scheduler = Scheduler(SchedulerConfig(prefill_tokens=4))
-    runner = DecoderRunner(engine, layout, prefill_tokens=4)
-    plans: list[tuple[list[int], list[int], list[int]]] = []  # prefill, decode, who got a token
-    prompt_logprobs: dict[int, Any] = {}
-    for s in early:
-        scheduler.add(s)
-    while scheduler.has_work:
-        if len(early[0].output) == 2 and late not in scheduler.running:
-            scheduler.add(late)
-        if plans and plans[-1][0] == [late.id] and short not in scheduler.running:  # a chunk of it has run
-            scheduler.add(short)
-        plan = scheduler.schedule()
-        result = runner.execute(plan)
-        for s in [*plan.prefill, *plan.decode]:
-            if s.id in result.tokens:
-                s.output.append(result.tokens[s.id])
-                s.finish_reason = "length" if len(s.output) == params.max_new_tokens else None
-        prompt_logprobs |= result.logprobs.prompts
-        got = [s.id for s in [*plan.prefill, *plan.decode] if s.id in result.tokens]
-        plans.append(([s.id for s in plan.prefill], [s.id for s in plan.decode], got))
-
-    chunks = [(prefill, decode, got) for prefill, decode, got in plans if late.id in prefill]
-    assert len(chunks) == -(-len(late.prompt) // 4) > 3  # a chunk of 4 columns a step
-    for _, decode, got in chunks[:-1]:
-        assert set(decode) <= set(got) and late.id not in got  # they decoded; the long prompt goes on
-    assert late.id in chunks[-1][2]  # its first token with its last chunk
-    [(_, _, got)] = [c for c in chunks if c[0] == [late.id, short.id]]
-    assert short.id in got  # joined beside the long prompt, prefilled whole: its first token at once
-    assert len(prompt_logprobs[late.id]) == len(late.prompt) - 1
-    whole = StepLogprobs()
-    DecoderRunner(engine, layout).prefill([Sequence(late.prompt, params, id=late.id)], logprobs=whole)
-    for (lp, _), (lp_whole, _) in zip(prompt_logprobs[late.id], whole.prompts[late.id], strict=True):
-        assert lp == pytest.approx(lp_whole, abs=1e-4)
-    plain = SamplingParams(max_new_tokens=12)
-    everyone = [*early, late, short]
-    assert [s.output for s in everyone] == [alone(parts, s.prompt, plain) for s in everyone]

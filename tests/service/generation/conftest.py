@@ -1,0 +1,39 @@
+"""Fixtures of the generation tests: a tiny teacher/student pair exported as the service serves them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.engine import OrtEngine
+from service.repository import read_version
+from service.tokenization import TextEncoder
+from tests.conftest import TASK_MODEL_NAMES
+from tests.tiny_models import export_lm_pair
+
+
+@pytest.fixture(scope="module")
+def lm_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`)."""
+    return export_lm_pair(tmp_path_factory.mktemp("lm-pair"))[0]
+
+
+GRAPHS = {"appending": ("tiny_repository", "new"), "optimum": ("optimum_lm_repository", "all")}
+
+
+@pytest.fixture(scope="module", params=list(GRAPHS))
+def parts(request: pytest.FixtureRequest) -> Iterator[tuple[Any, ...]]:
+    """Every test runs on both decoder graphs: distilserve's appending one and optimum's."""
+    repository, present_positions = GRAPHS[request.param]
+    version = read_version(request.getfixturevalue(repository) / TASK_MODEL_NAMES["text-generation"] / "1")
+    m = version.manifest
+    assert m.generation is not None
+    assert m.generation.present_positions == present_positions
+    engine = OrtEngine(version.file("model.onnx"), device="cpu")
+    encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        yield engine, m.generation, encoder, executor

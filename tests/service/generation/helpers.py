@@ -1,0 +1,52 @@
+"""What the engine tests share: prompts, a generation engine over a decoder graph's parts, one run alone."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from service.generation.engine import GenerationEngine
+from service.generation.runner import DecoderRunner
+from service.generation.sampling import SamplingParams
+from service.generation.scheduler import Scheduler, SchedulerConfig
+
+PROMPTS = [
+    "Acme",
+    "I loved this film, it was",
+    "Who founded Acme? When was it founded?",
+    "A dull",
+    "Springfield is a city",
+    "The film was wonderful and the music",
+    "Who",
+    "When was Acme founded by John Smith in the city",
+]
+
+
+def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None = -1) -> GenerationEngine:
+    engine, layout, encoder, executor = parts
+    return GenerationEngine(
+        DecoderRunner(engine, layout),
+        Scheduler(SchedulerConfig(max_running=max_running)),
+        encoder.text_stream,
+        layout.eos_token_id if eos == -1 else eos,
+        executor,
+    )
+
+
+def ids(parts: tuple[Any, ...], text: str) -> list[int]:
+    return [int(t) for t in parts[2].encode([text])[0].input_ids]
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> list[int]:
+    async def main() -> list[int]:
+        engine = make_engine(parts)
+        engine.start()
+        seq, _ = await engine.generate(prompt, params)
+        await engine.close()
+        return seq.output
+
+    return run(main())
