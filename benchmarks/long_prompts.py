@@ -45,6 +45,13 @@ def prompts_from(base: str, model: str, text: str, count: int, tokens: int) -> l
     return [ids[i * tokens : (i + 1) * tokens] for i in range(count)]
 
 
+# The options of a benchmark over prefill budgets (this one's and benchmarks.prefill_stall's).
+REPOSITORY = typer.Option(..., "--repository", exists=True, file_okay=False)
+MODEL = typer.Option(..., "--model", help="A text-generation model of the repository.")
+TEXT = typer.Option(Path("../shared/data/wikitext2_raw_valid.txt"), "--text", exists=True, dir_okay=False)
+OUT = typer.Option(Path("docs/bench"), "--out", help="Directory of the report.")
+
+
 def budget_env(budget: int, text: str) -> dict[str, str]:
     """A server of one prefill budget, the model alone, taking requests as long as `text`."""
     return {
@@ -118,16 +125,14 @@ def render(model: str, prompts: int, tokens: int, rows: list[dict[str, Any]]) ->
 
 @app.command()
 def main(
-    repository: Path = typer.Option(..., "--repository", exists=True, file_okay=False),
-    model: str = typer.Option(..., "--model", help="A text-generation model of the repository."),
+    repository: Path = REPOSITORY,
+    model: str = MODEL,
     budgets: str = typer.Option("1000000,2048,512", "--budgets", help="Comma list of prefill budgets."),
     prompts: int = typer.Option(4, "--prompts", min=1),
     tokens: int = typer.Option(2048, "--tokens", min=2),
     rounds: int = typer.Option(3, "--rounds", min=1),
-    text: Path = typer.Option(
-        Path("../shared/data/wikitext2_raw_valid.txt"), "--text", exists=True, dir_okay=False
-    ),
-    out: Path = typer.Option(Path("docs/bench"), "--out", help="Directory of the report."),
+    text: Path = TEXT,
+    out: Path = OUT,
 ) -> None:
     source = text.read_text()
     rows = measured_budgets(

@@ -26,7 +26,16 @@ from typing import Any
 import httpx
 import typer
 
-from benchmarks.long_prompts import budget_env, measured_budgets, prompts_from, write_report
+from benchmarks.long_prompts import (
+    MODEL,
+    OUT,
+    REPOSITORY,
+    TEXT,
+    budget_env,
+    measured_budgets,
+    prompts_from,
+    write_report,
+)
 from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
 
@@ -135,18 +144,16 @@ def plot(model: str, rows: list[dict[str, Any]], out: Path) -> None:
 
 @app.command()
 def main(
-    repository: Path = typer.Option(..., "--repository", exists=True, file_okay=False),
-    model: str = typer.Option(..., "--model", help="A text-generation model of the repository."),
+    repository: Path = REPOSITORY,
+    model: str = MODEL,
     budgets: str = typer.Option("1000000,512,128", "--budgets", help="Comma list of prefill budgets."),
     streams: int = typer.Option(2, "--streams", min=1),
     tokens: int = typer.Option(2048, "--tokens", min=2),
     stream_tokens_each: int = typer.Option(
         1000, "--stream-tokens", min=1, help="Tokens of each streamed request (they run back to back)."
     ),
-    text: Path = typer.Option(
-        Path("../shared/data/wikitext2_raw_valid.txt"), "--text", exists=True, dir_okay=False
-    ),
-    out: Path = typer.Option(Path("docs/bench"), "--out", help="Directory of the report."),
+    text: Path = TEXT,
+    out: Path = OUT,
 ) -> None:
     source = text.read_text()
     rows = measured_budgets(

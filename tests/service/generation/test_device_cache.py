@@ -22,15 +22,7 @@ from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.repository import read_version
 from tests.conftest import TASK_MODEL_NAMES
-
-PROMPTS = [
-    "Acme",
-    "I loved this film, it was",
-    "Who founded Acme? When was it founded?",
-    "A dull",
-    "Springfield is a city",
-    "The film was wonderful and the music",
-]
+from tests.service.generation.helpers import PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +64,7 @@ def prompt_ids(hf_dir: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    return [tokenizer(text)["input_ids"] for text in PROMPTS * 2]
+    return [tokenizer(text)["input_ids"] for text in PROMPTS[:6] * 2]
 
 
 def churn(
