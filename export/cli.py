@@ -18,10 +18,13 @@ from common.progress import ProgressLog
 from export.calibration import CASCADE_TASKS
 from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
 from export.repository import served_teacher
-from export.variants import ALL_VARIANTS
+from export.variants import ALL_VARIANTS, DRAFT_VARIANTS
 from service.manifest import Task, TeacherRef
 
 console = line_console(stderr=True)
+
+
+DEFAULT_VARIANTS = ",".join(ALL_VARIANTS)
 
 
 def _summary(result: ExportResult) -> Table:
@@ -184,8 +187,12 @@ def main(
     repository: Annotated[Path, typer.Option(help="Model repository root.")] = Path("models"),
     variants: Annotated[
         str,
-        typer.Option(help=f"Comma list of {', '.join(ALL_VARIANTS)}; each written only if it passes parity."),
-    ] = ",".join(ALL_VARIANTS),
+        typer.Option(
+            help=f"Comma list of {', '.join(ALL_VARIANTS)}; each written only if it passes parity. draft: "
+            "a generation student's, exported with its teacher (--teacher-dir): every weight 8-bit, used "
+            "only to draft for the teacher on a CPU."
+        ),
+    ] = DEFAULT_VARIANTS,
     eval_data: Annotated[
         Path | None,
         typer.Option(
@@ -244,6 +251,12 @@ def main(
     if teacher is not None and teacher_dir is None:
         print_error("--teacher names an exported teacher: give its HF directory as --teacher-dir too")
         raise typer.Exit(2)
+    drafts = DRAFT_VARIANTS & set(wanted)
+    if drafts and variants != DEFAULT_VARIANTS and (task != "text-generation" or teacher_dir is None):
+        print_warning(
+            f"{', '.join(sorted(drafts))} not built: only a text-generation student exported with its "
+            "teacher (--teacher-dir) drafts for it"
+        )
     try:
         pair = None
         if teacher_dir is not None:

@@ -124,7 +124,20 @@ def test_a_students_draft_variant_has_its_head_and_tables_in_8_bits_and_drafts_o
 def test_only_a_generation_student_gets_a_draft_variant(
     tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
 ) -> None:
+    """No teacher, nothing to draft for: the variant is not built, and a user who asked for it is told."""
+    from typer.testing import CliRunner
+
+    from export.cli import app
+
     result = export_model(
         tiny_llama_dir, "text-generation", "llama", tmp_path, ("fp32", "draft"), eval_data=eval_text
     )
-    assert [r.variant for r in result.variants] == ["fp32"]  # no teacher: nothing to draft for
+    assert [r.variant for r in result.variants] == ["fp32"]
+    args = [str(tiny_llama_dir), "--task", "text-generation", "--name", "llama", "--variants", "fp32,draft"]
+    args += ["--repository", str(tmp_path / "cli"), "--eval-data", str(eval_text)]
+    said = CliRunner().invoke(app, args)
+    assert said.exit_code == 0, said.output
+    assert "draft not built: only a text-generation student exported with its teacher" in " ".join(
+        said.output.split()
+    )
+    assert not (tmp_path / "cli" / "llama" / "1" / "model.draft.onnx").exists()
