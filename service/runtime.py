@@ -366,13 +366,25 @@ def _draft_engine(
 ) -> Engine | None:
     """The session of a student's draft variant (export.variants.build_draft), on the threads its served
     variant runs on, where speculative decoding may use it: on a CPU (on a GPU the fp16 it serves drafts),
-    unless settings say off or to draft with the served variant."""
+    unless settings say off or to draft with the served variant, or it does not load."""
     manifest = version.manifest
     drafting = manifest.teacher is not None and settings.speculative != "off"
     if not drafting or settings.speculative_draft == "served" or engine.provider == CUDA:
         return None
     variant = next((name for name, spec in manifest.variants.items() if spec.drafts_only), None)
-    return None if variant is None else engine_factory(version, variant, plan.settings(settings))
+    if variant is None:
+        return None
+    try:
+        return engine_factory(version, variant, plan.settings(settings))
+    except Exception as e:  # a draft that cannot load never keeps its model from serving
+        log.warning(
+            "%s v%d: its %s variant did not load (%s); the variant it serves drafts instead",
+            manifest.name,
+            manifest.version,
+            variant,
+            str(e).splitlines()[0][:200],
+        )
+        return None
 
 
 def _faster_decoder(

@@ -176,3 +176,27 @@ def test_a_students_draft_variant_drafts_and_the_text_stays_the_teachers(
         assert student["variant"] == "fp32" and "draft" in student["variants"]
     drafted_with = "its draft variant" if draft == "auto" else "fp32"
     assert f"speculative decoding: lm ({drafted_with}) drafts for lm-teacher" in caplog.text
+
+
+def test_a_draft_variant_that_does_not_load_leaves_the_student_serving(
+    drafting_pair: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A draft graph ONNX Runtime cannot run (an older runtime without its operators, say) costs the
+    drafting its speed, never the student its place: the variant it serves drafts instead."""
+    from common.provenance import sha256_of
+
+    repository = tmp_path / "models"
+    shutil.copytree(drafting_pair, repository)
+    version = repository / "lm" / "1"
+    (version / "model.draft.onnx").write_bytes(b"not a graph")
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest["variants"]["draft"] |= {"sha256": sha256_of(version / "model.draft.onnx"), "size_bytes": 11}
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    caplog.set_level(logging.INFO)
+    settings = Settings(model_repository=repository, speculative="on", speculative_tokens=3)
+    with TestClient(create_app(settings)) as client:
+        for model in ("lm", "lm-teacher"):
+            body = {"model": model, "prompt": "Acme was founded", "max_new_tokens": 8}
+            assert client.post("/v1/generate", json=body).status_code == 200
+    assert "lm v1: its draft variant did not load" in caplog.text
+    assert "speculative decoding: lm (fp32) drafts for lm-teacher" in caplog.text
