@@ -29,10 +29,13 @@ from benchmarks.streams import generation_load
 from benchmarks.wrk_load import metric_totals
 from common.cli import cli_app
 from common.progress import ProgressLog
-from loadtests.texts import reviews
+from loadtests.texts import openings, reviews
 
 console = Console(stderr=True)
 app = cli_app(help=__doc__)
+
+
+REVIEWS = "the load generator's short reviews"
 
 
 def greedy_texts(base: str, model: str, prompts: list[str], new_tokens: int) -> list[str]:
@@ -54,11 +57,13 @@ def measure(
     seconds: float,
     new_tokens: int,
     prompts: list[str],
+    load_prompts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One server: greedy texts, then each stream count's load, then its draft counters."""
+    """One server: greedy texts, then each stream count's load (`load_prompts`, or the load's own reviews),
+    then its draft counters."""
     with serve(repository, env) as base:
         texts = greedy_texts(base, teacher, prompts, new_tokens)
-        loads = {n: generation_load(base, teacher, n, seconds, new_tokens) for n in streams}
+        loads = {n: generation_load(base, teacher, n, seconds, new_tokens, load_prompts) for n in streams}
         totals = metric_totals(base)
     drafted = totals.get("distilserve_draft_tokens_total", 0.0)
     accepted = totals.get("distilserve_draft_tokens_accepted_total", 0.0)
@@ -76,6 +81,13 @@ def main(
     repository: Annotated[Path, typer.Option(help="Model repository holding the teacher and its student.")],
     teacher: Annotated[str, typer.Option(help="The teacher's name (a student's manifest names it).")],
     k: Annotated[str, typer.Option(help="Comma list of draft lengths to measure.")] = "2,4",
+    confidence: Annotated[
+        str,
+        typer.Option(
+            help="Comma list of DISTILSERVE_SPECULATIVE_CONFIDENCE values, each k measured with each (0: "
+            "every round drafts k; above 0, k is the most a round drafts)."
+        ),
+    ] = "0",
     streams: Annotated[str, typer.Option(help="Comma list of concurrent streams.")] = "1,16",
     seconds: Annotated[float, typer.Option(help="Seconds of load per stream count.")] = 15.0,
     new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 64,
@@ -88,20 +100,34 @@ def main(
     ] = "auto",
     rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds of every setting.")] = 2,
     prompts: Annotated[int, typer.Option(min=1, help="Greedy prompts compared.")] = 16,
+    texts: Annotated[
+        Path | None,
+        typer.Option(
+            help="Prompts from this text file (40-word openings of its paragraphs, e.g. WikiText-2 valid: "
+            "a distilled student's own kind of text) instead of the load generator's short reviews."
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
     """Tokens/s of a teacher served alone and drafted by its student, side by side."""
     ks = [int(x) for x in k.split(",") if x.strip()]
     counts = [int(x) for x in streams.split(",") if x.strip()]
+    load_prompts = None  # the load's own reviews
     texts_in = reviews(prompts, seed=11, max_clauses=2)
+    if texts is not None:  # the greedy comparison's prompts, then the load's: none of them both
+        drawn = openings(texts, prompts + 200, seed=11)
+        texts_in, load_prompts = drawn[:prompts], drawn[prompts:]
     sources = [x.strip() for x in drafts.split(",") if x.strip()]
+    sureness = [float(x) for x in confidence.split(",") if x.strip()]
     settings = {"off": {"DISTILSERVE_SPECULATIVE": "off"}} | {
-        f"k={n}" + (f", {source}" if len(sources) > 1 else ""): {
+        f"k={n}" + (f", sure {sure:g}" if sure else "") + (f", {source}" if len(sources) > 1 else ""): {
             "DISTILSERVE_SPECULATIVE": "on",
             "DISTILSERVE_SPECULATIVE_TOKENS": str(n),
+            "DISTILSERVE_SPECULATIVE_CONFIDENCE": str(sure),
             "DISTILSERVE_SPECULATIVE_DRAFT": source,
         }
         for n in ks
+        for sure in sureness
         for source in sources
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
@@ -109,14 +135,18 @@ def main(
         for _ in range(rounds):
             for name, env in settings.items():
                 progress.update(status=name)
-                runs[name].append(measure(repository, teacher, env, counts, seconds, new_tokens, texts_in))
+                runs[name].append(
+                    measure(repository, teacher, env, counts, seconds, new_tokens, texts_in, load_prompts)
+                )
                 progress.update(advance=1)
-    text = report(teacher, runs, counts, rounds, seconds, new_tokens)
+    source = REVIEWS if texts is None else f"openings of {texts.name}'s paragraphs"
+    text = report(teacher, runs, counts, rounds, seconds, new_tokens, source)
+    stem = f"speculative-{teacher}" + ("" if texts is None else f"-{texts.stem}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"speculative-{teacher}.md").write_text(text, encoding="utf-8")
-    (out / f"speculative-{teacher}.json").write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
+    (out / f"{stem}.md").write_text(text, encoding="utf-8")
+    (out / f"{stem}.json").write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
     if len(counts) > 1:
-        plot(teacher, runs, counts, out / f"speculative-{teacher}.png")
+        plot(teacher, runs, counts, out / f"{stem}.png")
     print(text)
 
 
@@ -149,6 +179,7 @@ def report(
     rounds: int,
     seconds: float,
     new_tokens: int,
+    source_of_prompts: str = REVIEWS,
 ) -> str:
     def median(name: str, n: int, key: str) -> float:
         return median_load(runs, name, n, key)
@@ -158,7 +189,7 @@ def report(
         f"# Speculative decoding: {teacher} drafted by its student",
         "",
         f"{rounds} alternating rounds, {seconds:g} s of load per stream count, {new_tokens} tokens a "
-        "request; medians.",
+        f"request; medians. Prompts: {source_of_prompts}.",
         "",
         "| setting | "
         + " | ".join(f"{n} stream{'s' * (n > 1)} tokens/s (x off)" for n in counts)

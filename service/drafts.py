@@ -37,13 +37,16 @@ def attach_drafts(models: list[EngineModel], settings: Settings, teachers: Engin
             settings.speculative_tokens,
             teacher.manifest.max_sequence_length,
             settings.speculative_max_batch,
+            settings.speculative_confidence,
         )
         log.info(
-            "speculative decoding: %s (%s) drafts for %s, k=%d, while at most %s sequences decode",
+            "speculative decoding: %s (%s) drafts for %s, k=%d (ending a round below %.2f), while at most %s "
+            "sequences decode",
             student.name,
             "its draft variant" if draft.engine is student.draft_engine else student.variant,
             teacher.name,
             settings.speculative_tokens,
+            settings.speculative_confidence,
             settings.speculative_max_batch or "any number of",
         )
 

@@ -121,6 +121,15 @@ class Settings(BaseSettings):
         description="Tokens the draft proposes per teacher step (k). 2, measured: SmolLM2 drafted by its "
         "draft variant 1.22x at k 2 against 1.14x at 3; the demo pair 1.04x at both 2 and 4.",
     )
+    speculative_confidence: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="A draft round ends before its k-th token once the draft's last token had less than "
+        "this probability under the draft (it is still checked); 0: always k. The teacher checks more "
+        "positions for little more than one, while each draft costs a draft step: with a confidence, k "
+        "is the most a round drafts.",
+    )
     speculative_max_batch: int = Field(
         2,
         ge=0,

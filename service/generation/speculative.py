@@ -3,7 +3,8 @@
 Each decode step of the running batch, the student (the draft) proposes k tokens per sequence, one cheap
 step at a time, and the teacher checks all k in one forward pass over them with its KV cache (the appending
 graph takes several new positions after a past, causally). The longest prefix the teacher agrees with is
-kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens for one teacher pass.
+kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens for one teacher pass. With a
+`confidence`, a round ends early once the draft is unsure of its last token (it is still checked).
 
 - Greedy: a draft token is kept while it is the teacher's argmax after the tokens before it, so the text is
   the teacher's greedy text exactly.
@@ -102,13 +103,23 @@ class SpeculativeRunner:
     """The teacher's runner with a draft: prefill runs both; decode drafts k tokens and checks them."""
 
     def __init__(
-        self, teacher: DecoderRunner, draft: DecoderRunner | None, k: int, window: int, max_batch: int = 0
+        self,
+        teacher: DecoderRunner,
+        draft: DecoderRunner | None,
+        k: int,
+        window: int,
+        max_batch: int = 0,
+        confidence: float = 0.0,
     ) -> None:
         """`max_batch`: draft only while at most this many sequences decode (0: always). A CPU's teacher
         checks k + 1 positions of many rows at nearly k + 1 times a step's cost: drafting that pays at one
-        stream loses at sixteen. Above it the teacher decodes alone (`_crowded`)."""
+        stream loses at sixteen. Above it the teacher decodes alone (`_crowded`).
+        `confidence`: a round ends before its k-th draft once no row's last draft had at least this
+        probability under the draft (0: always k). Checking more positions costs the teacher little; each
+        draft pass costs the draft one: drafting on only while the draft is sure spends passes where they
+        are kept (`_sure`)."""
         self.teacher, self.draft, self.k, self.window = teacher, draft, k, window
-        self.max_batch = max_batch
+        self.max_batch, self.confidence = max_batch, confidence
         self._caches: tuple[SlotCache, SlotCache | None] | None = None
         self._next_draft: tuple[DecoderRunner | None] | None = None  # handed over, taken at the next step
         self._handover = threading.Lock()  # replace_draft's thread against the engine thread taking it
@@ -223,6 +234,9 @@ class SpeculativeRunner:
                     q[row].append(dist)
                     drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
                 feed = drafts[:, j : j + 1]
+                if j + 1 < k and not self._sure(logits, drafts[:, j], q, shaped):
+                    k, drafts = j + 1, drafts[:, : j + 1]  # the round ends here: the draft is guessing
+                    break
 
         out = _feed(self.teacher, teacher_cache, np.concatenate([last[:, None], drafts], axis=1))
 
@@ -249,6 +263,21 @@ class SpeculativeRunner:
             # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
             draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
+
+    def _sure(
+        self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], shaped: list[int]
+    ) -> bool:
+        """Whether some row's latest draft had at least `confidence` probability under the draft: its
+        softmax's top for plain greedy rows, the drawn token's under the processed distribution otherwise.
+        (The draft's probability predicts the teacher's agreement: SmolLM2's student kept ~0.55 of its
+        drafts at a fixed k, and drafting on only while sure keeps more a pass; docs/benchmarks.md.)"""
+        if not self.confidence:
+            return True
+        scores = logits.astype(np.float32)
+        top = 1.0 / np.exp(scores - scores.max(axis=-1, keepdims=True)).sum(axis=-1)
+        for row in shaped:
+            top[row] = q[row][-1][tokens[row]]
+        return bool((top >= self.confidence).any())
 
     def _crowded(self, rows: int) -> bool:
         """More rows than drafting pays for (`max_batch`): the teacher decodes them alone, and the draft

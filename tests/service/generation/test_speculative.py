@@ -87,9 +87,12 @@ def test_greedy_output_is_the_teachers_own_under_continuous_batching(
     assert generate(speculative, REQUESTS) == alone
 
 
-def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded) -> None:
+@pytest.mark.parametrize("confidence", [0.0, 0.5], ids=["k-a-round", "ending-rounds-unsure"])
+def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded, confidence: float) -> None:
     alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, penalty=1.3)
-    speculative = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
+    speculative = SpeculativeRunner(
+        DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64, confidence=confidence
+    )
     assert generate(speculative, REQUESTS, penalty=1.3) == alone
 
 
@@ -188,6 +191,66 @@ def test_a_round_of_k_drafts_costs_k_draft_passes(loaded: Loaded, draft: str) ->
     assert firsts[0] == 1 and 2 in firsts
     if draft == "lm-teacher":  # every draft kept: each round after a drafting one takes two tokens
         assert all(first == 2 for kept, first in zip(kept_all, firsts[1:], strict=False) if kept)
+
+
+class ProbingRunner(DecoderRunner):
+    """A draft that records, for each pass, the highest probability it gave its next token (over rows)."""
+
+    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
+        super().__init__(engine, layout)
+        self.tops: list[float] = []
+
+    def run_step(
+        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+    ) -> dict[str, Any]:
+        out = super().run_step(input_ids, mask, positions, past)
+        scores = out["logits"][:, -1].astype(np.float64)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        self.tops.append(float((weights.max(axis=-1) / weights.sum(axis=-1)).max()))
+        return out
+
+
+def rounds(results: list[StepResult], k: int, length: int) -> list[tuple[StepResult, int]]:
+    """One sequence's decoding steps, each with the most it could draft (k, fewer near its last token)."""
+    produced, out = 1, []
+    for r in [r for r in results if r.more]:
+        out.append((r, max(0, min(k, length - produced - 1))))
+        produced += 1 + sum(len(m) for m in r.more.values())
+    return out
+
+
+@pytest.mark.parametrize("quantile", [0.3, 0.6])
+def test_a_round_drafts_on_while_the_draft_is_sure_and_no_further(loaded: Loaded, quantile: float) -> None:
+    """With a confidence, a round drafts up to k tokens and ends after the first the draft gave less than
+    that probability; the text stays the teacher's. (The confidence: a quantile of the probabilities this
+    untrained draft gives, so that some rounds end early and others draft on.)"""
+    k, length = 4, 40
+    requests = [(0, [5, 9, 13, 2], length)]
+    probing = ProbingRunner(*loaded["lm"])
+    generate(SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), probing, k, 64), requests)
+    confidence = float(np.quantile(probing.tops, quantile))
+    probing.tops.clear()
+    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), probing, k, 64, confidence=confidence)
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), requests)
+    results: list[StepResult] = []
+    assert generate(runner, requests, results=results) == alone
+    at, lengths = 0, []
+    for r, cap in rounds(results, k, length):
+        tops = probing.tops[at : at + max(r.drafted, 1)]  # this round's draft passes
+        if r.drafted:
+            assert all(top >= confidence for top in tops[:-1])
+            assert r.drafted == cap or tops[-1] < confidence
+            lengths.append(r.drafted)
+        at += max(r.drafted, 1)
+    assert at == len(probing.tops)  # every decode pass accounted for
+    assert 1 in lengths and max(lengths) > 1  # rounds ended early, and others drafted on
+
+
+def test_without_a_confidence_every_round_drafts_k(loaded: Loaded) -> None:
+    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
+    results: list[StepResult] = []
+    generate(runner, [(0, [5, 9, 13, 2], 30)], results=results)
+    assert all(r.drafted == cap for r, cap in rounds(results, 3, 30))
 
 
 def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
