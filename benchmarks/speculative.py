@@ -2,7 +2,7 @@
 at 1 and 16 streams, the acceptance rate, and whether greedy outputs stay the teacher's own.
 
     python -m benchmarks.speculative --repository build/bench-spec/models --teacher lm-teacher \\
-        --k 2,4 --out docs/bench
+        --k 2:0,5 --out docs/bench
 
 Servers take turns on the same machine (`--rounds` alternating rounds): the teacher with
 DISTILSERVE_SPECULATIVE=off, then =on for each k (and each of `--drafts`: the student's draft variant, or the
@@ -80,14 +80,14 @@ def measure(
 def main(
     repository: Annotated[Path, typer.Option(help="Model repository holding the teacher and its student.")],
     teacher: Annotated[str, typer.Option(help="The teacher's name (a student's manifest names it).")],
-    k: Annotated[str, typer.Option(help="Comma list of draft lengths to measure.")] = "2,4",
-    confidence: Annotated[
+    k: Annotated[
         str,
         typer.Option(
-            help="Comma list of DISTILSERVE_SPECULATIVE_CONFIDENCE values, each k measured with each (0: "
-            "every round drafts k; above 0, k is the most a round drafts)."
+            help="Comma list of draft lengths to measure, each K or K:CONFIDENCE (a round ends before K once "
+            "the draft is less sure than CONFIDENCE of its last token; 0: always K; without: the service's "
+            "default)."
         ),
-    ] = "0",
+    ] = "2:0,5",
     streams: Annotated[str, typer.Option(help="Comma list of concurrent streams.")] = "1,16",
     seconds: Annotated[float, typer.Option(help="Seconds of load per stream count.")] = 15.0,
     new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 64,
@@ -110,7 +110,7 @@ def main(
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
     """Tokens/s of a teacher served alone and drafted by its student, side by side."""
-    ks = [int(x) for x in k.split(",") if x.strip()]
+    ks = [tuple(x.strip().split(":", 1)) for x in k.split(",") if x.strip()]
     counts = [int(x) for x in streams.split(",") if x.strip()]
     load_prompts = None  # the load's own reviews
     texts_in = reviews(prompts, seed=11, max_clauses=2)
@@ -118,18 +118,18 @@ def main(
         drawn = openings(texts, prompts + 200, seed=11)
         texts_in, load_prompts = drawn[:prompts], drawn[prompts:]
     sources = [x.strip() for x in drafts.split(",") if x.strip()]
-    sureness = [float(x) for x in confidence.split(",") if x.strip()]
-    settings = {"off": {"DISTILSERVE_SPECULATIVE": "off"}} | {
-        f"k={n}" + (f", sure {sure:g}" if sure else "") + (f", {source}" if len(sources) > 1 else ""): {
-            "DISTILSERVE_SPECULATIVE": "on",
-            "DISTILSERVE_SPECULATIVE_TOKENS": str(n),
-            "DISTILSERVE_SPECULATIVE_CONFIDENCE": str(sure),
-            "DISTILSERVE_SPECULATIVE_DRAFT": source,
-        }
-        for n in ks
-        for sure in sureness
-        for source in sources
-    }
+    settings: dict[str, dict[str, str]] = {"off": {"DISTILSERVE_SPECULATIVE": "off"}}
+    for item in ks:
+        for source in sources:
+            name = f"k={item[0]}" + (f", confidence {item[1]}" if len(item) > 1 else "")
+            env = {
+                "DISTILSERVE_SPECULATIVE": "on",
+                "DISTILSERVE_SPECULATIVE_TOKENS": item[0],
+                "DISTILSERVE_SPECULATIVE_DRAFT": source,
+            }
+            if len(item) > 1:
+                env["DISTILSERVE_SPECULATIVE_CONFIDENCE"] = item[1]
+            settings[name + (f", {source}" if len(sources) > 1 else "")] = env
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
     with ProgressLog.beside(console, "speculative", rounds * len(settings), unit="servers") as progress:
         for _ in range(rounds):
