@@ -131,7 +131,8 @@ class Settings(BaseSettings):
         "this probability under the draft (it is still checked); 0: always k. The teacher checks more "
         "positions for about the cost of one (a CPU step reads every weight once however many positions it "
         "takes), while each draft costs a draft step: spending them only where the draft is sure keeps more "
-        "of them (SmolLM2: 0.53 of drafts kept at k 5 and 0.4, against 0.45 at a fixed 2 and 0.25 at a fixed 5).",
+        "of them (SmolLM2: 0.53 of drafts kept at k 5 and 0.4, against 0.45 at a fixed 2 and 0.25 at a "
+        "fixed 5).",
     )
     speculative_max_batch: int = Field(
         2,
