@@ -43,6 +43,7 @@ from benchmarks.cascade_eval import (
     qa_set,
     sweep,
 )
+from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
 from benchmarks.wrk_load import LoadResult, load, metric_totals
 from common.cli import cli_app
@@ -76,37 +77,27 @@ def plot(
     metric: str,
     path: Path,
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot([100 * p[1] for p in points], [100 * p[2] for p in points], color="tab:blue", label="cascade")
-    ax.plot(
-        [100 * f for f, _ in bound],
-        [100 * q for _, q in bound],
-        color="tab:gray",
-        linestyle="-.",
-        label="oracle (sends exactly the inputs the teacher does better on)",
-    )
-    ax.axhline(100 * quality.teacher, color="tab:green", linestyle="--", label="teacher alone")
-    ax.axhline(100 * quality.student, color="tab:orange", linestyle=":", label="student alone")
-    ax.plot(
-        [100 * quality.fallback_rate],
-        [100 * quality.cascade],
-        "o",
-        color="tab:red",
-        label=f"served at the calibrated threshold {quality.threshold:.3f}",
-    )
-    ax.set_xlabel("inputs answered by the teacher (%)")
-    ax.set_ylabel(f"{metric} on the eval split (%)")
-    ax.set_title(f"{name}: the student's unsure inputs to its teacher")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    title = f"{name}: the student's unsure inputs to its teacher"
+    xlabel, ylabel = "inputs answered by the teacher (%)", f"{metric} on the eval split (%)"
+    with saved_axes(path, (6.4, 4.2), title, xlabel, ylabel, legend_at="lower right") as ax:
+        ax.plot([100 * p[1] for p in points], [100 * p[2] for p in points], color="tab:blue", label="cascade")
+        ax.plot(
+            [100 * f for f, _ in bound],
+            [100 * q for _, q in bound],
+            color="tab:gray",
+            linestyle="-.",
+            label="oracle (sends exactly the inputs the teacher does better on)",
+        )
+        ax.axhline(100 * quality.teacher, color="tab:green", linestyle="--", label="teacher alone")
+        ax.axhline(100 * quality.student, color="tab:orange", linestyle=":", label="student alone")
+        ax.plot(
+            [100 * quality.fallback_rate],
+            [100 * quality.cascade],
+            "o",
+            color="tab:red",
+            label=f"served at the calibrated threshold {quality.threshold:.3f}",
+        )
+        ax.grid(alpha=0.3)
 
 
 def sample_bodies(data: EvalSet, model: str, threshold: float | None) -> list[str]:

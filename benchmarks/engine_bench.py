@@ -28,6 +28,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from benchmarks.plots import saved_figure
 from common.cli import cli_app, print_warning
 from common.progress import ProgressLog
 
@@ -267,27 +268,21 @@ def render(rows: list[Row], seq: int, threads: int, device: str) -> str:
 
 
 def plot(rows: list[Row], device: str, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     engines = ENGINES[device]
-    fig, axes = plt.subplots(1, len(BATCHES), figsize=(7 * len(BATCHES), 0.45 * len(rows) * len(engines) + 2))
-    for ax, b in zip(np.atleast_1d(axes), BATCHES, strict=True):
-        labels = [f"{r.task}\n{r.role}" for r in rows]
-        y = np.arange(len(rows))
-        height = 0.8 / len(engines)
-        for i, engine in enumerate(engines):
-            values = [r.ms.get((engine, b), np.nan) for r in rows]
-            ax.barh(y + i * height, values, height, label=engine)
-        ax.set_yticks(y + 0.4 - height / 2, labels)
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per forward pass (lower is better)")
-        ax.set_title(f"batch {b}, {device}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    size = (7 * len(BATCHES), 0.45 * len(rows) * len(engines) + 2)
+    with saved_figure(out, size, columns=len(BATCHES)) as axes:
+        for ax, b in zip(axes, BATCHES, strict=True):
+            labels = [f"{r.task}\n{r.role}" for r in rows]
+            y = np.arange(len(rows))
+            height = 0.8 / len(engines)
+            for i, engine in enumerate(engines):
+                values = [r.ms.get((engine, b), np.nan) for r in rows]
+                ax.barh(y + i * height, values, height, label=engine)
+            ax.set_yticks(y + 0.4 - height / 2, labels)
+            ax.invert_yaxis()
+            ax.set_xlabel("ms per forward pass (lower is better)")
+            ax.set_title(f"batch {b}, {device}")
+            ax.legend()
 
 
 app = cli_app(help=__doc__)

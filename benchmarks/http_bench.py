@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from benchmarks.plots import saved_figure
 from benchmarks.raw_engine import raw_engine
 from benchmarks.servers import serve, serve_naive
 from benchmarks.shapes import MINILM_BERT_CONFIG
@@ -209,37 +210,31 @@ def bars(loads: list[LoadResult], best_raw: float, device: str) -> list[str]:
 
 
 def plot(classification: dict[str, Any], generation: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(classification) + 1, figsize=(6 * (len(classification) + 1), 4.5))
-    for ax, (model, section) in zip(axes, classification.items(), strict=False):
-        for server in dict.fromkeys(r.server for r in section["load"]):
-            rows = [r for r in section["load"] if r.server == server]
-            ax.plot([r.connections for r in rows], [r.rps for r in rows], marker="o", label=server)
-        ax.axhline(max(section["raw"].values()), linestyle="--", color="grey", label="best raw engine")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel("requests/s")
-        ax.set_title(f"classify: {model}")
+    columns = len(classification) + 1
+    with saved_figure(out, (6 * columns, 4.5), columns=columns) as axes:
+        for ax, (model, section) in zip(axes, classification.items(), strict=False):
+            for server in dict.fromkeys(r.server for r in section["load"]):
+                rows = [r for r in section["load"] if r.server == server]
+                ax.plot([r.connections for r in rows], [r.rps for r in rows], marker="o", label=server)
+            ax.axhline(max(section["raw"].values()), linestyle="--", color="grey", label="best raw engine")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel("requests/s")
+            ax.set_title(f"classify: {model}")
+            ax.legend()
+        ax = axes[-1]
+        for engine in ("continuous", "one-at-a-time"):
+            by_streams: dict[int, list[float]] = {}
+            for g in generation:
+                if g["engine"] == engine:
+                    by_streams.setdefault(g["streams"], []).append(g["tokens_per_s"])
+            streams = sorted(by_streams)
+            medians = [statistics.median(by_streams[n]) for n in streams]
+            ax.plot(streams, medians, marker="o", label=f"{engine} (median of pairs)")
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("generated tokens/s")
+        ax.set_title("generation")
         ax.legend()
-    ax = axes[-1]
-    for engine in ("continuous", "one-at-a-time"):
-        by_streams: dict[int, list[float]] = {}
-        for g in generation:
-            if g["engine"] == engine:
-                by_streams.setdefault(g["streams"], []).append(g["tokens_per_s"])
-        streams = sorted(by_streams)
-        medians = [statistics.median(by_streams[n]) for n in streams]
-        ax.plot(streams, medians, marker="o", label=f"{engine} (median of pairs)")
-    ax.set_xlabel("concurrent streams")
-    ax.set_ylabel("generated tokens/s")
-    ax.set_title("generation")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
 
 
 # The two engines compared, each measured right after the other on a fresh server: on a shared 2-core

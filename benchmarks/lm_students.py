@@ -19,6 +19,7 @@ from typing import Any
 
 import typer
 
+from benchmarks.plots import saved_figure
 from common.cli import line_console
 
 app = typer.Typer(add_completion=False)
@@ -88,14 +89,16 @@ def table(students: dict[str, Scores], sizes: list[int]) -> str:
 
 
 def plot(students: dict[str, Scores], sizes: list[int], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     windows = by_position(students)
-    fig, axes = plt.subplots(1, 2 if windows else 1, figsize=(14 if windows else 8, 4), squeeze=False)
-    ax = axes[0][0]
+    with saved_figure(out, (14 if windows else 8, 4), columns=2 if windows else 1) as axes:
+        draw_students(axes, students, sizes, windows)
+
+
+def draw_students(
+    axes: list[Any], students: dict[str, Scores], sizes: list[int], windows: dict[str, list[dict[str, float]]]
+) -> None:
+    """Perplexity ratios by block length on the first axes; by position in the block on the second."""
+    ax = axes[0]
     width = 0.8 / len(students)
     for i, (label, scores) in enumerate(students.items()):
         xs = [j + i * width for j, size in enumerate(sizes) if size in scores]
@@ -109,7 +112,7 @@ def plot(students: dict[str, Scores], sizes: list[int], out: Path) -> None:
     ax.legend(fontsize=7, loc="upper left")
     ax.set_ylim(0, max(s["ratio"] for scores in students.values() for s in scores.values()) * 1.35)
     if windows:
-        ax = axes[0][1]
+        ax = axes[1]
         for label, rows in windows.items():
             middles = [(w["from"] * w["to"]) ** 0.5 for w in rows]  # geometric: the windows double
             ax.plot(middles, [w["ratio"] for w in rows], marker="o", label=label)
@@ -120,9 +123,6 @@ def plot(students: dict[str, Scores], sizes: list[int], out: Path) -> None:
         ax.set_ylabel("student perplexity ÷ teacher's")
         ax.set_title("Where in the context the student falls behind")
         ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
 
 
 @app.command()

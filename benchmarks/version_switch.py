@@ -31,6 +31,7 @@ import httpx
 import typer
 
 from benchmarks.open_loop import http_exchange, raw_post
+from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
 from common.cli import cli_app
 from loadtests.texts import reviews
@@ -139,11 +140,6 @@ def _phase(answers: list[Answer], start: float, end: float) -> dict[str, float]:
 
 
 def plot(answers: list[Answer], marks: dict[str, float], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     bucket = 0.25
     end = max(a.sent_s for a in answers)
     edges = [i * bucket for i in range(int(end / bucket) + 1)]
@@ -153,16 +149,12 @@ def plot(answers: list[Answer], marks: dict[str, float], out: Path) -> None:
         if inside:
             mids.append(lo + bucket / 2)
             p99.append(1000 * inside[min(len(inside) - 1, int(0.99 * len(inside)))])
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    ax.plot(mids, p99, lw=1.2, label="p99 per 0.25 s")
-    ax.axvspan(marks["landed_s"], marks["unloaded_s"], color="orange", alpha=0.2, label="switch")
-    ax.axvline(marks["first_new_s"], color="green", lw=1, ls="--", label="first answer by the new version")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("latency ms")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    title = "Latency while a new version takes over"
+    with saved_axes(out, (8, 3.2), title, "seconds", "latency ms", legend_at="upper left") as ax:
+        ax.plot(mids, p99, lw=1.2, label="p99 per 0.25 s")
+        ax.axvspan(marks["landed_s"], marks["unloaded_s"], color="orange", alpha=0.2, label="switch")
+        first = "first answer by the new version"
+        ax.axvline(marks["first_new_s"], color="green", lw=1, ls="--", label=first)
 
 
 @app.command()
