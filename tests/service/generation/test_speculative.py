@@ -153,25 +153,31 @@ def test_a_perfect_draft_is_always_kept(loaded: Loaded) -> None:
     assert len(result.more[seq.id]) == 4  # five tokens for one teacher pass
 
 
-class CountingRunner(DecoderRunner):
-    """A draft that counts its decode passes (engine calls after a past) and the tokens each one took."""
+class RecordingRunner(DecoderRunner):
+    """A draft that records each decode pass (engine call after a past): the tokens it took, and the
+    highest probability it gave its next token (over rows)."""
 
     def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
         super().__init__(engine, layout)
         self.widths: list[int] = []
+        self.tops: list[float] = []
 
     def run_step(
         self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
     ) -> dict[str, Any]:
+        out = super().run_step(input_ids, mask, positions, past)
+        scores = out["logits"][:, -1].astype(np.float64)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         self.widths.append(int(input_ids.shape[1]))
-        return super().run_step(input_ids, mask, positions, past)
+        self.tops.append(float((weights.max(axis=-1) / weights.sum(axis=-1)).max()))
+        return out
 
 
 @pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
 def test_a_round_of_k_drafts_costs_k_draft_passes(loaded: Loaded, draft: str) -> None:
     """No pass feeds the k-th draft only to cache it: a row that kept all k drafts has it fed with the
     teacher's next token in the next round's first pass (two tokens wide; otherwise one)."""
-    counting = CountingRunner(*loaded[draft])
+    counting = RecordingRunner(*loaded[draft])
     runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), counting, 3, 64)
     results: list[StepResult] = []
     requests = [(0, [5, 9, 13, 2], 24), (0, [7, 7, 7], 24)]
@@ -193,23 +199,6 @@ def test_a_round_of_k_drafts_costs_k_draft_passes(loaded: Loaded, draft: str) ->
         assert all(first == 2 for kept, first in zip(kept_all, firsts[1:], strict=False) if kept)
 
 
-class ProbingRunner(DecoderRunner):
-    """A draft that records, for each pass, the highest probability it gave its next token (over rows)."""
-
-    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
-        super().__init__(engine, layout)
-        self.tops: list[float] = []
-
-    def run_step(
-        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
-    ) -> dict[str, Any]:
-        out = super().run_step(input_ids, mask, positions, past)
-        scores = out["logits"][:, -1].astype(np.float64)
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        self.tops.append(float((weights.max(axis=-1) / weights.sum(axis=-1)).max()))
-        return out
-
-
 def rounds(results: list[StepResult], k: int, length: int) -> list[tuple[StepResult, int]]:
     """One sequence's decoding steps, each with the most it could draft (k, fewer near its last token)."""
     produced, out = 1, []
@@ -226,7 +215,7 @@ def test_a_round_drafts_on_while_the_draft_is_sure_and_no_further(loaded: Loaded
     untrained draft gives, so that some rounds end early and others draft on.)"""
     k, length = 4, 40
     requests = [(0, [5, 9, 13, 2], length)]
-    probing = ProbingRunner(*loaded["lm"])
+    probing = RecordingRunner(*loaded["lm"])
     generate(SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), probing, k, 64), requests)
     confidence = float(np.quantile(probing.tops, quantile))
     probing.tops.clear()
