@@ -272,6 +272,49 @@ def test_the_sampling_rule_keeps_the_teachers_distribution() -> None:
     assert second.sum() < trials
 
 
+def sampled_openings(
+    runner: DecoderRunner | SpeculativeRunner, seeds: range, drafted: list[int] | None = None
+) -> dict[tuple[int, ...], int]:
+    """How often each first three tokens came, one seeded sequence a seed (temperature 1, top-k 2, four
+    tokens asked: room for two drafts after the first); `drafted`: each sequence's first round's drafts."""
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in seeds:
+        params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=2, seed=seed)
+        seq = Sequence(prompt=[5, 9, 13], params=params)
+        plan = StepPlan(prefill=[seq], decode=[])
+        while len(seq.output) < 3:
+            result = runner.execute(plan)
+            seq.output += [result.tokens[seq.id], *result.more.get(seq.id, ())]
+            if drafted is not None and plan.decode and len(seq.output) - len(result.more[seq.id]) == 2:
+                drafted.append(result.drafted)
+            plan = StepPlan(prefill=[], decode=[seq])
+        opening = tuple(seq.output[:3])
+        counts[opening] = counts.get(opening, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("confidence", [0.0, 0.5], ids=["k-a-round", "ending-rounds-unsure"])
+def test_sampled_text_drafted_is_distributed_as_the_teachers_alone(loaded: Loaded, confidence: float) -> None:
+    """The runner end to end, sampling: the first three tokens of 1,200 seeded sequences drafted (k 2, a
+    round ended early or not) and of 1,200 others from the teacher alone come from one distribution (a
+    chi-square test of homogeneity, p = 0.001). Where a round ends depends on the draft alone (the drawn
+    token's probability under top-k 2: either side of 0.5), so the rule still keeps the teacher's."""
+    teacher = DecoderRunner(*loaded["lm-teacher"])
+    runner = SpeculativeRunner(teacher, DecoderRunner(*loaded["lm"]), 2, 64, confidence=confidence)
+    rounds: list[int] = []
+    drafted = sampled_openings(runner, range(1200), rounds)
+    alone = sampled_openings(DecoderRunner(*loaded["lm-teacher"]), range(10_000, 11_200))
+    cells = sorted(set(drafted) | set(alone))
+    table = np.array([[drafted.get(c, 0) for c in cells], [alone.get(c, 0) for c in cells]], dtype=np.float64)
+    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
+    statistic = float(((table - expected) ** 2 / expected).sum())
+    dof = len(cells) - 1  # chi-square's p = 0.001 point, Wilson-Hilferty's (7 degrees: 24.53, exact 24.32)
+    critical = dof * (1 - 2 / (9 * dof) + 3.090 * (2 / (9 * dof)) ** 0.5) ** 3
+    assert statistic < critical
+    assert len(rounds) == 1200
+    assert set(rounds) == ({1, 2} if confidence else {2})
+
+
 def test_distribution_is_what_the_sampler_draws_from() -> None:
     logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
     greedy = distribution(logits, SamplingParams(), [])
