@@ -215,6 +215,11 @@ class DecoderRunner:
         catching up on sequences already running): their caches join the decode batch at the next step."""
         self._run_prompts(PromptBatch.of(seqs, self.layout), False, None, whole=True)
 
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompts are part-way through their prefill (chunked, a chunk a step)."""
+        return self._prompts is not None
+
     def prefilled_ids(self) -> set[int]:
         """The sequences whose prefilled caches wait to join the decode batch."""
         return set(self._prefilled)

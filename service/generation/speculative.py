@@ -18,7 +18,9 @@ Both models keep their caches in `SlotCache`s of the same rows. After a step the
 kept positions (the rejected ones are cut off: `SlotCache.truncate`), and so does the draft's, but for the
 k-th draft of a row that kept all k: no pass fed it (a pass only to cache it would make a round k + 1 draft
 passes). The next round's first draft pass then takes two tokens for every row, that one (or, for the other
-rows, the token before the teacher's new one, fed again) and the teacher's new token; otherwise one.
+rows, the token before the teacher's new one, fed again) and the teacher's new token; otherwise one. A step
+where nothing decodes yet (a stream's first) is the teacher's prefill alone, so the first token does not wait
+for the draft's: the next step prefills the draft with what it lacks before drafting (`_caught_up`).
 
 The draft follows its student's versions while the teacher serves (`replace_draft`, service.model_control):
 a new one is taken at the next step, the running sequences' contexts prefilled into it then; with none (the
@@ -166,8 +168,11 @@ class SpeculativeRunner:
         drafted = accepted = checked = 0
         whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
         tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
-        if self.draft is not None and not self._crowded(len(plan.decode) + len(plan.prefill)):
-            self.draft.prefill(plan.prefill, choose=False, whole=whole)
+        draft = None if self._crowded(len(plan.decode) + len(plan.prefill)) else self.draft
+        if draft is not None and (plan.decode or draft.prefilling):
+            draft.prefill(plan.prefill, choose=False, whole=whole)
+        # else nothing decodes (a stream's first step): the first tokens go out without waiting for the
+        # draft's prefill, which the next step's catch-up does (`_caught_up`), and none where none decodes
         prefilled = time.perf_counter()
         if plan.decode:
             emitted_by, k = self._step(plan.decode, logprobs)
@@ -196,9 +201,9 @@ class SpeculativeRunner:
         if self.draft is None or self._crowded(len(rows)):
             draft_cache = None  # the teacher decodes alone; a draft catches up once the crowd thins
         elif draft_cache is None or not self._draft_holds(draft_cache, rows):
-            # a draft taken, or left out while crowded, while these rows ran (or one that missed a chunk of
-            # a prompt): their contexts prefilled into it
-            draft_cache = self._caught_up(rows)
+            # a draft taken, or left out while crowded, while these rows ran, or rows whose prompts it did not
+            # prefill (nothing decoded then, or it missed a chunk): their contexts prefilled into it
+            draft_cache = self._caught_up(rows, draft_cache)
         self._caches = (teacher_cache, draft_cache)
         if draft_cache is not None:
             assert self.draft is not None
@@ -292,14 +297,18 @@ class SpeculativeRunner:
         held = set(cache.ids)
         return all(s.id in held or s.id in joining for s in rows)
 
-    def _caught_up(self, rows: Seq[Sequence]) -> SlotCache:
-        """A new draft's cache for sequences already running: each one's context (prompt and output but
-        the last token, what the teacher's cache holds) prefilled into it, in the teacher's row order."""
+    def _caught_up(self, rows: Seq[Sequence], cache: SlotCache | None) -> SlotCache:
+        """The draft's cache (a new one where `cache` is None) holding every running row: the contexts of
+        those it lacks (prompt and output but the last token, what the teacher's cache holds) prefilled
+        into it, in the teacher's row order."""
         assert self.draft is not None
-        contexts = [dataclasses.replace(s, prompt=[*s.prompt, *s.output[:-1]]) for s in rows]  # same ids
-        self.draft.prefill_aside(contexts)
-        cache = self._draft_cache()
+        cache = cache if cache is not None else self._draft_cache()
         assert cache is not None
+        held = set(cache.ids) | self.draft.prefilled_ids()
+        missing = [s for s in rows if s.id not in held]
+        if missing:  # the same ids, their outputs but the last token taken as prompt
+            contexts = [dataclasses.replace(s, prompt=[*s.prompt, *s.output[:-1]]) for s in missing]
+            self.draft.prefill_aside(contexts)
         sync_rows(cache, rows, self.draft)
         return cache
 

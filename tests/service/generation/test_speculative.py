@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, StepResult
+from service.generation.runner import DecoderRunner, StepLogprobs, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
@@ -171,6 +171,40 @@ class RecordingRunner(DecoderRunner):
         self.widths.append(int(input_ids.shape[1]))
         self.tops.append(float((weights.max(axis=-1) / weights.sum(axis=-1)).max()))
         return out
+
+
+class PrefillRecordingRunner(DecoderRunner):
+    """A draft that records the prompts it is asked to prefill, in lockstep or to catch up."""
+
+    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
+        super().__init__(engine, layout)
+        self.prefilled: list[list[int]] = []
+
+    def prefill(
+        self, seqs: Any, choose: bool = True, logprobs: StepLogprobs | None = None, whole: bool = True
+    ) -> dict[int, int]:
+        self.prefilled += [s.prompt for s in seqs]
+        return super().prefill(seqs, choose, logprobs, whole)
+
+    def prefill_aside(self, seqs: Any) -> None:
+        self.prefilled += [s.prompt for s in seqs]
+        super().prefill_aside(seqs)
+
+
+def test_a_first_token_does_not_wait_for_the_drafts_prefill(loaded: Loaded) -> None:
+    """With nothing decoding, a prompt's step is the teacher's alone; the draft prefills the context at
+    the next step, before drafting (its first pass one token wide, as after a lockstep prefill)."""
+    draft = PrefillRecordingRunner(*loaded["lm"])
+    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), draft, 3, 64)
+    seq = Sequence(prompt=[5, 9, 13], params=SamplingParams(max_new_tokens=12))
+    first = runner.execute(StepPlan(prefill=[seq], decode=[]))
+    assert draft.prefilled == []
+    seq.output.append(first.tokens[seq.id])
+    second = runner.execute(StepPlan(prefill=[], decode=[seq]))
+    assert draft.prefilled == [[5, 9, 13]] and second.drafted == 3
+    joining = Sequence(prompt=[7, 7, 7], params=SamplingParams(max_new_tokens=4))
+    runner.execute(StepPlan(prefill=[joining], decode=[seq]))  # beside one decoding: in lockstep
+    assert draft.prefilled == [[5, 9, 13], [7, 7, 7]]
 
 
 @pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
