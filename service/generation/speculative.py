@@ -18,9 +18,9 @@ Both models keep their caches in `SlotCache`s of the same rows. After a step the
 kept positions (the rejected ones are cut off: `SlotCache.truncate`), and so does the draft's, but for the
 k-th draft of a row that kept all k: no pass fed it (a pass only to cache it would make a round k + 1 draft
 passes). The next round's first draft pass then takes two tokens for every row, that one (or, for the other
-rows, the token before the teacher's new one, fed again) and the teacher's new token; otherwise one. A step
-where nothing decodes yet (a stream's first) is the teacher's prefill alone, so the first token does not wait
-for the draft's: the next step prefills the draft with what it lacks before drafting (`_caught_up`).
+rows, the token before the teacher's new one, fed again) and the teacher's new token; otherwise one. A prompt
+prefilled whole is the teacher's alone, so its first token does not wait for the draft's prefill: the next
+step prefills the draft with what it lacks before drafting (`_caught_up`). Chunked prompts go in lockstep.
 
 The draft follows its student's versions while the teacher serves (`replace_draft`, service.model_control):
 a new one is taken at the next step, the running sequences' contexts prefilled into it then; with none (the
@@ -169,10 +169,10 @@ class SpeculativeRunner:
         whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
         tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
         draft = None if self._crowded(len(plan.decode) + len(plan.prefill)) else self.draft
-        if draft is not None and (plan.decode or draft.prefilling):
-            draft.prefill(plan.prefill, choose=False, whole=whole)
-        # else nothing decodes (a stream's first step): the first tokens go out without waiting for the
-        # draft's prefill, which the next step's catch-up does (`_caught_up`), and none where none decodes
+        if draft is not None and (self.teacher.prefilling or draft.prefilling):
+            draft.prefill(plan.prefill, choose=False, whole=whole)  # chunked prompts: in lockstep
+        # else prompts prefilled whole: their first tokens go out without waiting for the draft's prefill,
+        # which the next step's catch-up does (`_caught_up`), and none for a sequence that never decodes
         prefilled = time.perf_counter()
         if plan.decode:
             emitted_by, k = self._step(plan.decode, logprobs)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, StepLogprobs, StepResult
+from service.generation.runner import PREFILL_TOKENS, DecoderRunner, StepLogprobs, StepResult
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
@@ -176,8 +176,10 @@ class RecordingRunner(DecoderRunner):
 class PrefillRecordingRunner(DecoderRunner):
     """A draft that records the prompts it is asked to prefill, in lockstep or to catch up."""
 
-    def __init__(self, engine: Engine, layout: GenerationLayout) -> None:
-        super().__init__(engine, layout)
+    def __init__(
+        self, engine: Engine, layout: GenerationLayout, prefill_tokens: int = PREFILL_TOKENS
+    ) -> None:
+        super().__init__(engine, layout, prefill_tokens)
         self.prefilled: list[list[int]] = []
 
     def prefill(
@@ -192,19 +194,30 @@ class PrefillRecordingRunner(DecoderRunner):
 
 
 def test_a_first_token_does_not_wait_for_the_drafts_prefill(loaded: Loaded) -> None:
-    """With nothing decoding, a prompt's step is the teacher's alone; the draft prefills the context at
-    the next step, before drafting (its first pass one token wide, as after a lockstep prefill)."""
-    draft = PrefillRecordingRunner(*loaded["lm"])
-    runner = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), draft, 3, 64)
-    seq = Sequence(prompt=[5, 9, 13], params=SamplingParams(max_new_tokens=12))
+    """A prompt prefilled whole is the teacher's alone, alone or beside a decoding sequence; the draft
+    prefills its context at the next step, before drafting. A chunked prompt goes in lockstep."""
+    draft = PrefillRecordingRunner(*loaded["lm"], prefill_tokens=8)
+    teacher = DecoderRunner(*loaded["lm-teacher"], prefill_tokens=8)
+    runner = SpeculativeRunner(teacher, draft, 3, 64)
+    seq = Sequence(prompt=[5, 9, 13], params=SamplingParams(max_new_tokens=20))
     first = runner.execute(StepPlan(prefill=[seq], decode=[]))
     assert draft.prefilled == []
     seq.output.append(first.tokens[seq.id])
     second = runner.execute(StepPlan(prefill=[], decode=[seq]))
     assert draft.prefilled == [[5, 9, 13]] and second.drafted == 3
+    seq.output += [second.tokens[seq.id], *second.more[seq.id]]
+
     joining = Sequence(prompt=[7, 7, 7], params=SamplingParams(max_new_tokens=4))
-    runner.execute(StepPlan(prefill=[joining], decode=[seq]))  # beside one decoding: in lockstep
-    assert draft.prefilled == [[5, 9, 13], [7, 7, 7]]
+    joined = runner.execute(StepPlan(prefill=[joining], decode=[seq]))  # beside one decoding, whole
+    assert draft.prefilled == [[5, 9, 13]]
+    seq.output += [joined.tokens[seq.id], *joined.more[seq.id]]
+    joining.output.append(joined.tokens[joining.id])
+    runner.execute(StepPlan(prefill=[], decode=[seq, joining]))
+    assert draft.prefilled == [[5, 9, 13], [7, 7, 7]]  # caught up before drafting
+
+    long = Sequence(prompt=list(range(20, 32)), params=SamplingParams(max_new_tokens=4))
+    runner.execute(StepPlan(prefill=[long], decode=[seq]))  # 12 positions, 8 a call: chunked
+    assert draft.prefilled[-1] == list(range(20, 32))  # its chunks in lockstep with the teacher's
 
 
 @pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
