@@ -9,7 +9,8 @@ DISTILSERVE_SPECULATIVE=off, then =on for each k (and each of `--drafts`: the st
 variant it serves). Each streams `--new-tokens` tokens a request (ignore_eos:
 fixed lengths) from `--streams` clients back to back for `--seconds`. Greedy identity: `--prompts` prompts
 through /v1/generate on both, texts compared. Acceptance and tokens per teacher step come from the server's
-own counters (distilserve_draft_tokens*, distilserve_speculative_checks_total).
+own counters (distilserve_draft_tokens*, distilserve_speculative_checks_total), and draft tokens a generated
+token (what drafting cost: each is a draft pass) with distilserve_generated_tokens_total.
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ def measure(
     drafted = totals.get("distilserve_draft_tokens_total", 0.0)
     accepted = totals.get("distilserve_draft_tokens_accepted_total", 0.0)
     checks = totals.get("distilserve_speculative_checks_total", 0.0)
+    generated = totals.get("distilserve_generated_tokens_total", 0.0)
     return {
         "texts": texts,
         "loads": loads,
         "acceptance": accepted / drafted if drafted else None,
         "tokens_per_check": 1 + accepted / checks if checks else None,
+        "drafts_per_token": drafted / generated if drafted and generated else None,  # what drafting cost
     }
 
 
@@ -193,8 +196,9 @@ def report(
         "",
         "| setting | "
         + " | ".join(f"{n} stream{'s' * (n > 1)} tokens/s (x off)" for n in counts)
-        + " | TTFT p50 ms (1 stream) | acceptance | tokens per teacher step | greedy texts = teacher's |",
-        "|---|" + "---|" * (len(counts) + 4),
+        + " | TTFT p50 ms (1 stream) | acceptance | tokens per teacher step | drafts a token"
+        + " | greedy texts = teacher's |",
+        "|---|" + "---|" * (len(counts) + 5),
     ]
     for name, results in runs.items():
         cells = []
@@ -203,6 +207,7 @@ def report(
             cells.append(f"{rate:,.0f} ({rate / median('off', n, 'tokens_per_s'):.2f}x)")
         acceptance = [r["acceptance"] for r in results if r["acceptance"] is not None]
         per_check = [r["tokens_per_check"] for r in results if r["tokens_per_check"] is not None]
+        per_token = [r["drafts_per_token"] for r in results if r.get("drafts_per_token") is not None]
         same = all(r["texts"] == reference for r in results)
         lines.append(
             f"| {name} | "
@@ -210,6 +215,7 @@ def report(
             + f" | {median(name, counts[0], 'ttft_p50_ms'):.1f}"
             + f" | {'-' if not acceptance else f'{statistics.median(acceptance):.2f}'}"
             + f" | {'-' if not per_check else f'{statistics.median(per_check):.2f}'}"
+            + f" | {'-' if not per_token else f'{statistics.median(per_token):.2f}'}"
             + f" | {'yes' if same else 'NO'} ({len(reference)} prompts) |"
         )
     return "\n".join(lines) + "\n"
