@@ -239,7 +239,7 @@ class SpeculativeRunner:
                     q[row].append(dist)
                     drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
                 feed = drafts[:, j : j + 1]
-                if j + 1 < k and not self._sure(logits, drafts[:, j], q, shaped):
+                if j + 1 < k and not self._sure(logits, drafts[:, j], q, [r for r in shaped if rows[r].rng]):
                     k, drafts = j + 1, drafts[:, : j + 1]  # the round ends here: the draft is guessing
                     break
 
@@ -270,17 +270,18 @@ class SpeculativeRunner:
         return emitted, k
 
     def _sure(
-        self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], shaped: list[int]
+        self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], sampled: list[int]
     ) -> bool:
         """Whether some row's latest draft had at least `confidence` probability under the draft: its
-        softmax's top for plain greedy rows, the drawn token's under the processed distribution otherwise.
+        softmax's top for greedy rows (a penalised one's `q` is all on its argmax: no measure of sureness),
+        the drawn token's under the processed distribution for `sampled` rows.
         (The draft's probability predicts the teacher's agreement: SmolLM2's student kept ~0.55 of its
         drafts at a fixed k, and drafting on only while sure keeps more a pass; docs/benchmarks.md.)"""
         if not self.confidence:
             return True
         scores = logits.astype(np.float32)
         top = 1.0 / np.exp(scores - scores.max(axis=-1, keepdims=True)).sum(axis=-1)
-        for row in shaped:
+        for row in sampled:
             top[row] = q[row][-1][tokens[row]]
         return bool((top >= self.confidence).any())
 
