@@ -39,6 +39,18 @@ app = cli_app(help=__doc__)
 REVIEWS = "the load generator's short reviews"
 
 
+def draft_setting(item: str) -> tuple[str, ...]:
+    """`K` or `K:CONFIDENCE` from `--k`, checked here rather than by a server that will not start."""
+    parts = tuple(part.strip() for part in item.split(":", 1))
+    try:
+        good = int(parts[0]) >= 1 and (len(parts) == 1 or 0.0 <= float(parts[1]) <= 1.0)
+    except ValueError:
+        good = False
+    if not good:
+        raise typer.BadParameter(f"{item!r}: K (1 or more) or K:CONFIDENCE (0 to 1)", param_hint="--k")
+    return parts
+
+
 def greedy_texts(base: str, model: str, prompts: list[str], new_tokens: int) -> list[str]:
     with httpx.Client(base_url=base, timeout=300) as client:
         texts = []
@@ -113,7 +125,7 @@ def main(
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
     """Tokens/s of a teacher served alone and drafted by its student, side by side."""
-    ks = [tuple(x.strip().split(":", 1)) for x in k.split(",") if x.strip()]
+    ks = [draft_setting(x) for x in k.split(",") if x.strip()]
     counts = [int(x) for x in streams.split(",") if x.strip()]
     load_prompts = None  # the load's own reviews
     texts_in = reviews(prompts, seed=11, max_clauses=2)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.speculative import plot, report
+import pytest
+import typer
+
+from benchmarks.speculative import draft_setting, plot, report
 
 
 def load(rate: float) -> dict[str, float]:
@@ -62,3 +65,10 @@ def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: 
     assert rows["k=3"].endswith("| NO (2 prompts) |")  # a greedy text that differs is said so
     plot("lm-teacher", runs, [1, 16], tmp_path / "speculative.png")
     assert (tmp_path / "speculative.png").stat().st_size > 1000
+
+
+def test_a_draft_setting_is_checked_before_any_server_starts() -> None:
+    assert draft_setting("5") == ("5",) and draft_setting(" 2:0 ") == ("2", "0")
+    for bad in ("x", "0", "5:1.5", "5:sure"):
+        with pytest.raises(typer.BadParameter, match="K:CONFIDENCE"):
+            draft_setting(bad)
