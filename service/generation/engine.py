@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -22,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, S
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from service.generation.runner import DecoderRunner, StepResult
+from service.generation.runner import DecoderRunner, StepLogprobs, StepResult
 from service.generation.sampling import Logprob, SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
 from service.generation.sequence import TRACED_TOKENS, Detokenizer, FinishReason, TokenEvent
@@ -135,17 +136,11 @@ class GenerationCore:
                     return
                 self._work.wait(timeout=0.5)  # a request, an abort or close sets it
                 continue
+            handed_out: set[int] = set()  # sequences whose first tokens went out before the decode call
             try:
-                result = self.runner.execute(plan)
-                produced = [
-                    self._record(s, token, logprobs[i] if logprobs else None, prompt if i == 0 else None)
-                    for s in [*plan.prefill, *plan.decode]
-                    if s.id in result.tokens  # a prompt part-way through its prefill has none yet
-                    for logprobs, prompt in (
-                        (result.logprobs.tokens.get(s.id), result.logprobs.prompts.get(s.id)),
-                    )
-                    for i, token in enumerate((result.tokens[s.id], *result.more.get(s.id, ())))
-                ]
+                result = self.runner.execute(plan, functools.partial(self._first_tokens, plan, handed_out))
+                seqs = [s for s in [*plan.prefill, *plan.decode] if s.id not in handed_out]
+                produced = self._produced(seqs, result.tokens, result.more, result.logprobs)
             except Exception as e:  # a failing step fails the sequences in it, never the engine thread
                 failed = [*plan.prefill, *plan.decode]
                 for seq in failed:
@@ -157,7 +152,32 @@ class GenerationCore:
                     self._on_step(plan, result)
                 except Exception:  # metrics must never stop generation
                     log.exception("generation step hook failed")
-            self._to_loop(self._deliver, [p for p in produced if p is not None])
+            self._to_loop(self._deliver, produced)
+
+    def _first_tokens(
+        self, plan: StepPlan, handed_out: set[int], tokens: dict[int, int], logprobs: StepLogprobs
+    ) -> None:
+        """Prompts' first tokens, out to their clients while the running batch's decode call runs."""
+        handed_out.update(tokens)
+        self._to_loop(self._deliver, self._produced(plan.prefill, tokens, {}, logprobs))
+
+    def _produced(
+        self,
+        seqs: Sequence[GenSequence],
+        tokens: dict[int, int],
+        more: dict[int, list[int]],
+        logprobs: StepLogprobs,
+    ) -> list[Produced]:
+        """What `seqs` got of a step's `tokens` (and `more` after them), each recorded in its sequence; a
+        prompt part-way through its prefill has none yet."""
+        produced = [
+            self._record(s, token, chosen[i] if chosen else None, prompt if i == 0 else None)
+            for s in seqs
+            if s.id in tokens
+            for chosen, prompt in ((logprobs.tokens.get(s.id), logprobs.prompts.get(s.id)),)
+            for i, token in enumerate((tokens[s.id], *more.get(s.id, ())))
+        ]
+        return [p for p in produced if p is not None]
 
     def _record(
         self, seq: GenSequence, token: int, logprob: Logprob | None, prompt: list[Logprob] | None

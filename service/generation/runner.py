@@ -23,6 +23,7 @@ appending graph keeps the host cache there too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,11 @@ class StepResult:
     accepted: int = 0  # of them, kept by the teacher
     checked: int = 0  # sequences whose drafts the teacher's pass checked (one teacher step each)
     logprobs: StepLogprobs = field(default_factory=lambda: StepLogprobs())
+
+
+# A step's first tokens handed out before its decode call (`DecoderRunner.execute`): sequence id -> token,
+# and the step's log-probabilities so far.
+FirstTokens = Callable[[dict[int, int], "StepLogprobs"], None]
 
 
 @dataclass
@@ -162,14 +168,17 @@ class DecoderRunner:
         self._keep = frozenset(name for pair in self._present_names for name in pair)
         self.row_gather = RowGather(self._device) if self._device is not None else None  # joins, leaves
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, first_tokens: FirstTokens | None = None) -> StepResult:
         """The step: the prompts' prefill (one chunk of it while sequences decode, so they wait for a chunk,
         not a whole long prompt; all of it otherwise), then one decode step of the running sequences. A
-        prompt's first token comes in the step its last chunk runs."""
+        prompt's first token comes in the step its last chunk runs: handed to `first_tokens` before the
+        decode call (a newcomer's first token does not wait for the running batch's step), and in the
+        result too."""
         tokens: dict[int, int] = {}
         logprobs = StepLogprobs()
         started = time.perf_counter()
         tokens |= self._prefill(plan.prefill, logprobs=logprobs, whole=not plan.decode)
+        hand_out(first_tokens, tokens, logprobs, plan)
         prefilled = time.perf_counter()
         if plan.decode:
             tokens |= self._decode(plan.decode, logprobs)
@@ -338,6 +347,15 @@ def sync_rows(cache: SlotCache | DeviceCache, seqs: Seq[Sequence], runner: Decod
         elif s.id not in running:
             raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
     return [by_id[i] for i in cache.ids]
+
+
+def hand_out(
+    first_tokens: FirstTokens | None, tokens: dict[int, int], logprobs: StepLogprobs, plan: StepPlan
+) -> None:
+    """The prompts' first tokens to `first_tokens`, where there are some and a decode call is still to come
+    this step (without one the step ends now: the result carries them as soon)."""
+    if first_tokens is not None and tokens and plan.decode:
+        first_tokens(tokens, logprobs)
 
 
 def add_logprobs(

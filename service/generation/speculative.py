@@ -39,7 +39,15 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
-from service.generation.runner import DecoderRunner, StepLogprobs, StepResult, add_logprobs, sync_rows
+from service.generation.runner import (
+    DecoderRunner,
+    FirstTokens,
+    StepLogprobs,
+    StepResult,
+    add_logprobs,
+    hand_out,
+    sync_rows,
+)
 from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
@@ -159,7 +167,10 @@ class SpeculativeRunner:
         layout = self.draft.layout
         return SlotCache(layout.num_layers, layout.num_key_value_heads, layout.head_dim)
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, first_tokens: FirstTokens | None = None) -> StepResult:
+        """The teacher's prefill (the draft's too where prompts go in chunks), its first tokens handed to
+        `first_tokens` before the round of drafting and checking the running sequences (as
+        `DecoderRunner.execute`)."""
         self._take_draft()
         started = time.perf_counter()
         tokens: dict[int, int] = {}
@@ -168,6 +179,7 @@ class SpeculativeRunner:
         drafted = accepted = checked = 0
         whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
         tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
+        hand_out(first_tokens, tokens, logprobs, plan)
         draft = None if self._crowded(len(plan.decode) + len(plan.prefill)) else self.draft
         if draft is not None and (self.teacher.prefilling or draft.prefilling):
             draft.prefill(plan.prefill, choose=False, whole=whole)  # chunked prompts: in lockstep

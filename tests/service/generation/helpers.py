@@ -50,3 +50,16 @@ def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> 
         return seq.output
 
     return run(main())
+
+
+class CallLog:
+    """An engine that logs each call's input width (columns of `input_ids`) and otherwise runs as it is."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.input_names = engine.input_names
+        self.widths: list[int] = []
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        self.widths.append(int(feeds["input_ids"].shape[1]))
+        return self.engine.run(feeds)

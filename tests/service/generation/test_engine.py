@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -286,3 +288,72 @@ def test_a_stream_interval_groups_fast_tokens_and_hands_the_first_out_at_once(pa
     assert times[0] - submitted < interval  # the first token did not wait for the interval
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= interval - 0.01 for gap in gaps), gaps  # (the loop may fire a timer 1 tick early)
+
+
+@dataclass
+class Hold:
+    after_prefill: bool  # hold the first decode call after a prefill call, not the next one
+    holding: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+
+class HoldsDecodes:
+    """An engine that holds an armed decode call (one new position) until the test releases it."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.input_names = engine.input_names
+        self.pending: Hold | None = None
+        self.prefilled = False
+
+    def arm(self, after_prefill: bool) -> Hold:
+        self.pending, self.prefilled = Hold(after_prefill), False
+        return self.pending
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        hold = self.pending
+        if feeds["input_ids"].shape[1] > 1:
+            self.prefilled = True
+        elif hold is not None and (self.prefilled or not hold.after_prefill):
+            self.pending = None
+            hold.holding.set()
+            hold.released.wait(timeout=10)
+        return self.engine.run(feeds)
+
+
+def test_a_newcomers_first_token_reaches_its_client_while_the_running_batch_decodes(
+    parts: tuple[Any, ...],
+) -> None:
+    """The step a prompt joins runs its prefill, then the running sequences' decode call: the newcomer's
+    first token is streamed between the two, not after both. Both texts stay their own alone."""
+    engine, layout, encoder, executor = parts
+    held = HoldsDecodes(engine)
+    first, second = ids(parts, PROMPTS[1]), ids(parts, PROMPTS[2])
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    expected = [alone(parts, first, params), alone(parts, second, params)]
+
+    async def main() -> list[list[int]]:
+        gen = GenerationEngine(
+            DecoderRunner(held, layout), Scheduler(SchedulerConfig()), encoder.text_stream, None, executor
+        )
+        gen.start()
+        decoding = held.arm(after_prefill=False)
+        running = gen.submit(first, params)  # its first decode call held: it cannot finish before...
+        await asyncio.to_thread(decoding.holding.wait, 5)
+        beside = held.arm(after_prefill=True)
+        joining = gen.submit(second, params)  # ...this one's prefill, then its next decode call is held
+        decoding.released.set()
+        events = gen.stream(joining)
+        try:
+            token = await asyncio.wait_for(anext(events), timeout=5)  # (released only after it came)
+            assert token.token_id == expected[1][0]
+            assert await asyncio.to_thread(beside.holding.wait, 5)  # the step's decode call: still held
+        finally:
+            beside.released.set()
+            async for _ in events:
+                pass
+            outputs = [await _collect(gen, running), list(joining.output)]
+            await gen.close()
+        return outputs
+
+    assert run(main()) == expected
