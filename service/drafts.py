@@ -93,7 +93,7 @@ def _named(model: EngineModel) -> tuple[str, int]:
 def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings) -> DecoderRunner | None:
     """The student as the teacher's draft (its draft variant's session where it has one, else the one it
     serves), unless the tokenizers differ, settings say off, or (auto) a draft step costs too much of a
-    teacher's (timed now)."""
+    teacher's (timed now; a draft variant found so is released: it only ever drafts)."""
     if student.manifest.generation is None or settings.speculative == "off":
         return None
     if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
@@ -102,5 +102,8 @@ def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings
     engine = student.draft_engine or student.engine
     draft = DecoderRunner(engine, student.manifest.generation, prefill_tokens=settings.gen_prefill_tokens)
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
+        if engine is student.draft_engine:  # timed and found too slow: it would sit loaded, never run
+            student.draft_engine = None
+            log.info("%s v%d: its draft variant is released (it does not pay)", *_named(student))
         return None
     return draft

@@ -200,3 +200,25 @@ def test_a_draft_variant_that_does_not_load_leaves_the_student_serving(
             assert client.post("/v1/generate", json=body).status_code == 200
     assert "lm v1: its draft variant did not load" in caplog.text
     assert "speculative decoding: lm (fp32) drafts for lm-teacher" in caplog.text
+
+
+def test_a_draft_variant_that_does_not_pay_is_released(drafting_pair: Path) -> None:
+    """`auto` times the draft variant against its teacher; found too slow (the tiny two are the same size),
+    the teacher decodes alone and the variant's session is let go rather than kept loaded for nothing."""
+    from service.drafts import attach_drafts
+    from service.generation.speculative import SpeculativeRunner
+    from service.metrics import Metrics
+    from service.repository import scan_repository
+    from service.runtime import load_engine_model, ort_engine_factory
+
+    settings = Settings(model_repository=drafting_pair, device="cpu")
+    versions = {v.manifest.name: v for v in scan_repository(drafting_pair).versions}
+    models = [load_engine_model(v, settings, Metrics(), ort_engine_factory) for v in versions.values()]
+    student, teacher = (next(m for m in models if m.name == name) for name in ("lm", "lm-teacher"))
+    assert student.draft_engine is not None  # loaded to be timed
+    attach_drafts(models, settings)
+    assert teacher.generation is not None
+    assert not isinstance(teacher.generation.runner, SpeculativeRunner)
+    assert student.draft_engine is None and student.engine is not None  # the student serves on
+    for model in models:
+        model.executor.shutdown()
