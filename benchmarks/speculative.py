@@ -208,15 +208,17 @@ def report(
         "",
         "| setting | "
         + " | ".join(f"{n} stream{'s' * (n > 1)} tokens/s (x off)" for n in counts)
-        + " | TTFT p50 ms (1 stream) | acceptance | tokens per teacher step | drafts a token"
-        + " | greedy texts = teacher's |",
-        "|---|" + "---|" * (len(counts) + 5),
+        + " | "
+        + " | ".join(f"TTFT p50 ms, {n} stream{'s' * (n > 1)}" for n in counts)
+        + " | acceptance | tokens per teacher step | drafts a token | greedy texts = teacher's |",
+        "|---|" + "---|" * (2 * len(counts) + 4),
     ]
     for name, results in runs.items():
         cells = []
         for n in counts:
             rate = median(name, n, "tokens_per_s")
             cells.append(f"{rate:,.0f} ({rate / median('off', n, 'tokens_per_s'):.2f}x)")
+        cells += [f"{median(name, n, 'ttft_p50_ms'):.1f}" for n in counts]
         acceptance = [r["acceptance"] for r in results if r["acceptance"] is not None]
         per_check = [r["tokens_per_check"] for r in results if r["tokens_per_check"] is not None]
         per_token = [r["drafts_per_token"] for r in results if r.get("drafts_per_token") is not None]
@@ -224,7 +226,6 @@ def report(
         lines.append(
             f"| {name} | "
             + " | ".join(cells)
-            + f" | {median(name, counts[0], 'ttft_p50_ms'):.1f}"
             + f" | {'-' if not acceptance else f'{statistics.median(acceptance):.2f}'}"
             + f" | {'-' if not per_check else f'{statistics.median(per_check):.2f}'}"
             + f" | {'-' if not per_token else f'{statistics.median(per_token):.2f}'}"

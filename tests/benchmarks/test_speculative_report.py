@@ -11,8 +11,8 @@ import typer
 from benchmarks.speculative import draft_setting, plot, report
 
 
-def load(rate: float) -> dict[str, float]:
-    return {"tokens_per_s": rate, "ttft_p50_ms": 40.0}
+def load(rate: float, ttft_ms: float = 40.0) -> dict[str, float]:
+    return {"tokens_per_s": rate, "ttft_p50_ms": ttft_ms}
 
 
 def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: Path) -> None:
@@ -35,14 +35,14 @@ def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: 
         "k=2": [
             {
                 "texts": texts,
-                "loads": {1: load(40), 16: load(200)},
+                "loads": {1: load(40), 16: load(200, ttft_ms=180.0)},
                 "acceptance": 0.5,
                 "tokens_per_check": 1.9,
                 "drafts_per_token": 0.8,
             },
             {
                 "texts": texts,
-                "loads": {1: load(44), 16: load(190)},
+                "loads": {1: load(44), 16: load(190, ttft_ms=220.0)},
                 "acceptance": 0.4,
                 "tokens_per_check": 1.8,
                 "drafts_per_token": 0.9,
@@ -60,7 +60,13 @@ def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: 
     text = report("lm-teacher", runs, [1, 16], 2, 15, 32)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| k=")}
     assert "42 (1.31x)" in rows["k=2"] and "195 (0.72x)" in rows["k=2"]  # medians over rounds, / off's
-    assert "| 0.45 | 1.85 | 0.85 | yes (2 prompts) |" in rows["k=2"]
+    assert "| 40.0 | 200.0 | 0.45 | 1.85 | 0.85 | yes (2 prompts) |" in rows["k=2"]  # TTFT per stream count
+    header, rule = (
+        line for line in text.splitlines() if line.startswith("| setting") or line.startswith("|---")
+    )
+    assert "TTFT p50 ms, 1 stream | TTFT p50 ms, 16 streams" in header and rule.count("|") == header.count(
+        "|"
+    )
     assert "| 0.30 | 2.00 | - | NO (2 prompts) |" in rows["k=3"]  # a report from before the column
     assert rows["k=3"].endswith("| NO (2 prompts) |")  # a greedy text that differs is said so
     plot("lm-teacher", runs, [1, 16], tmp_path / "speculative.png")
