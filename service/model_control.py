@@ -27,6 +27,7 @@ from pathlib import Path
 from service.batching import ClientWork
 from service.drafts import attach_drafts, follow_student
 from service.ipc import EngineUnavailableError, IndexRow, Placement
+from service.memory import give_back_freed_memory
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError
 from service.repository import RepositoryError, read_version
@@ -137,6 +138,8 @@ class ModelControl:
                 raise StartupError(f"no servable model in {self.root}: {found}")
             with clock.phase("drafts"):
                 attach_drafts(list(self.models.values()), self.settings)
+            with clock.phase("memory"):  # what loading freed (parsing, a dropped timing session) goes back
+                give_back_freed_memory("models loaded")
             self._started = True
         clock.report(self.metrics.startup_seconds)
         if self.settings.model_control == "poll":
@@ -240,6 +243,7 @@ class ModelControl:
             ]  # teacher with its student's new version (timed: a thread)
             await asyncio.to_thread(attach_drafts, serving, self.settings, model)
             await asyncio.to_thread(follow_student, serving, model, self.settings)
+            await asyncio.to_thread(give_back_freed_memory, f"{name} v{version} loaded")
         model.start()
         self.models[key] = model
         self.retired.discard(key)
@@ -282,6 +286,7 @@ class ModelControl:
             self._discard(model)
             self._index[key] = IndexRow(*key, "UNAVAILABLE", why)
             log.info("model %s version %d unloaded: %s", key[0], key[1], why)
+        await asyncio.to_thread(give_back_freed_memory, "unloaded")
         await self.publish_index()
 
     def _discard(self, model: EngineModel) -> None:
