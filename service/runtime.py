@@ -17,7 +17,7 @@ from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_t
 from service.generation.engine import EngineHooks, GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
-from service.generation.tuning import decode_step_s, fastest_threads
+from service.generation.tuning import SPLIT_PAYS_S, decode_step_s, fastest_threads
 from service.ipc import Executions, Placement
 from service.latency_target import planner_for
 from service.manifest import GenerationLayout, Manifest
@@ -409,6 +409,17 @@ def _faster_decoder(
     rows = min(16, settings.gen_max_batch)
     layout = manifest.generation
     try:
+        all_cores_s = decode_step_s(engine, layout, rows, prompt, steps)
+        if all_cores_s >= SPLIT_PAYS_S:  # no second session built and timed: seconds of every start-up
+            log.info(
+                "%s v%d: a decode step of %d sequences takes %.2f ms on %d thread(s): long enough to split",
+                manifest.name,
+                manifest.version,
+                rows,
+                all_cores_s * 1000,
+                plan.threads,
+            )
+            return engine, plan
         candidates = [(plan.threads, engine), (1, engine_factory(version, variant, one.settings(settings)))]
         timed = fastest_threads(candidates, lambda e: decode_step_s(e, layout, rows, prompt, steps))
     except Exception as e:  # a failing timing leaves the default in place

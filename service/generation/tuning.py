@@ -7,7 +7,9 @@ the engine core times one busy decode step with each candidate and keeps the fas
 CPU (ONNX Runtime alone, past 48, ms a step at batch 1 / 16): the demo LM (int8) 0.15 / 0.36 on one thread
 against 0.20 / 0.48 on two; SmolLM2's 10-layer student (fp32) 9.2 / 22.5 against 6.9 / 14.8.
 Both sessions are alive while they are timed (for SmolLM2's fp32 teacher ~0.5 GB more, for a moment, at
-start-up); the slower one is dropped before the core serves.
+start-up); the slower one is dropped before the core serves (and its memory handed back: service.memory).
+A decoder whose step on all cores takes `SPLIT_PAYS_S` or more is not timed on one: building and timing the
+second session cost SmolLM2's pair ~25 s of a 34 s start-up, to confirm what a step that long always shows.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from service.generation.sampling import SamplingParams
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence as GenSequence
 from service.manifest import GenerationLayout
+
+# A busy (16-row) decode step this long on all cores is many long operators: splitting them pays (SmolLM2's
+# 12-layer student 14.8 ms on 2 threads against 22.5 on 1, its teacher 42 against 64; the demo LM, which one
+# thread serves faster, 0.48 against 0.36). Shorter ones are timed on both.
+SPLIT_PAYS_S = 0.010
 
 
 def decode_step_s(

@@ -98,3 +98,22 @@ def test_a_timing_that_fails_keeps_all_cores_and_the_start_up_goes_on(
     monkeypatch.setattr(service.runtime, "decode_step_s", broken)
     model = load_engine_model(lm, Settings(device="cpu"), Metrics(), ort_engine_factory)
     assert model.plan.threads == 4 and model.generation is not None
+
+
+def test_a_decoder_whose_step_is_long_keeps_all_cores_without_a_second_session(
+    lm: ModelVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy step of SPLIT_PAYS_S or more on all cores is a model whose operators split well: the one-thread
+    session is neither built nor timed (seconds of start-up for a real model)."""
+    from service.generation.tuning import SPLIT_PAYS_S
+
+    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+    built: list[int] = []
+
+    def factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
+        built.append(settings.intra_op_threads)
+        return ort_engine_factory(version, variant, settings)
+
+    monkeypatch.setattr(service.runtime, "decode_step_s", lambda *args: SPLIT_PAYS_S * 1.5)
+    model = load_engine_model(lm, Settings(device="cpu"), Metrics(), factory)
+    assert built == [4] and model.plan.threads == 4
