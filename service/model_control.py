@@ -169,6 +169,7 @@ class ModelControl:
             if not served:
                 raise ModelNotFoundError(f"model {name!r} is not loaded")
             await self._retire(served, "unloaded")
+            await asyncio.to_thread(give_back_freed_memory, f"{name} unloaded")
 
     def _refuse_unless_explicit(self, action: str, name: str) -> None:
         mode = self.settings.model_control
@@ -187,6 +188,7 @@ class ModelControl:
         async with self._lock:
             on_disk = set(self._names_on_disk()) if self.root.is_dir() else set()
             served = {k[0] for k in self.models}
+            changed = False
             for name in sorted(set(names) if names is not None else on_disk | served):
                 before = [k for k in self.models if k[0] == name]
                 chosen = await self._choose(name, StartupClock("reload"))
@@ -196,7 +198,10 @@ class ModelControl:
                 if superseded:  # ... before the one it replaces stops taking any
                     why = f"superseded by version {chosen[1]}" if chosen else "removed from the repository"
                     await self._retire(superseded, why)
+                changed = changed or [k for k in self.models if k[0] == name] != before
             self._forget_vanished()
+            if changed:  # what a load freed, and the sessions a retired version dropped, go back
+                await asyncio.to_thread(give_back_freed_memory, "models changed")
 
     async def _choose(self, name: str, clock: StartupClock) -> Key | None:
         """The highest version of `name` that is served or loads now; None when none does. The versions
@@ -243,7 +248,6 @@ class ModelControl:
             ]  # teacher with its student's new version (timed: a thread)
             await asyncio.to_thread(attach_drafts, serving, self.settings, model)
             await asyncio.to_thread(follow_student, serving, model, self.settings)
-            await asyncio.to_thread(give_back_freed_memory, f"{name} v{version} loaded")
         model.start()
         self.models[key] = model
         self.retired.discard(key)
@@ -286,7 +290,6 @@ class ModelControl:
             self._discard(model)
             self._index[key] = IndexRow(*key, "UNAVAILABLE", why)
             log.info("model %s version %d unloaded: %s", key[0], key[1], why)
-        await asyncio.to_thread(give_back_freed_memory, "unloaded")
         await self.publish_index()
 
     def _discard(self, model: EngineModel) -> None:
