@@ -38,6 +38,7 @@ from service.batching import MicroBatcher
 from service.engine import EngineError
 from service.generation.engine import Produced
 from service.generation.sequence import Sequence as GenSequence
+from service.memory import resident_bytes
 from service.metrics import Metrics
 from service.model_control import ModelControl, ModelControlError, ModelRetiredError
 from service.runtime import EngineFactory, EngineModel
@@ -365,17 +366,25 @@ async def run_core(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ticking = loop.create_task(_tick(on_tick)) if on_tick is not None else None
+    ticking = loop.create_task(_tick(functools.partial(_each_second, metrics, on_tick)))
     await stop.wait()
     log.info("engine core: stopping; finishing queued work")
     # Keep answering while the queues drain: what is queued still goes back to its frontends.
     await core.close()
-    if ticking is not None:
-        ticking.cancel()
+    ticking.cancel()
     server.close()
     await server.wait_closed()
     if metrics.tracing is not None:
         metrics.tracing.shutdown()  # the last batches' spans leave
+
+
+def _each_second(metrics: Metrics, on_tick: Callable[[], None] | None) -> None:
+    """The supervisor's heartbeat (`on_tick`), and the core's resident memory for /metrics."""
+    if on_tick is not None:
+        on_tick()
+    resident = resident_bytes()
+    if resident is not None:
+        metrics.engine_core_memory.set(resident)
 
 
 async def _tick(on_tick: Callable[[], None]) -> None:

@@ -201,6 +201,13 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.engine_core_memory = Gauge(
+            "distilserve_engine_core_resident_memory_bytes",
+            "The engine core's resident set (weights, KV caches, ONNX Runtime's arenas), read each second "
+            "(python -m service only: in-process serving has no core of its own).",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.startup_seconds = Gauge(
             "distilserve_startup_seconds",
             "Where a process's start-up went (service.startup): imports, repository, sessions, warm-up.",

@@ -26,6 +26,7 @@ from tests.service.supervised import (
     classified,
     classify,
     listening,
+    metric,
     ready,
     serving,
     supervised,
@@ -49,6 +50,21 @@ def service(tiny_repository: Path) -> Iterator[Service]:
         yield running
         assert running.stop() == 0, running.output
         assert not {pid for pid in supervised_ever(running) if alive(pid)}
+
+
+def test_the_engine_cores_resident_memory_is_scraped_from_any_frontend(service: Service) -> None:
+    """The core sets its resident set each second; a frontend's /metrics carries it (what an operator's
+    memory alert reads: the weights live in the core, not in the frontends)."""
+    core, _ = service.wait_for_roles(lambda core, frontends: len(frontends) == FRONTENDS)
+    name = "distilserve_engine_core_resident_memory_bytes"
+
+    def scraped() -> float:
+        return metric(httpx.get(f"{service.base_url}/metrics", timeout=60).text, name)
+
+    wait_until(lambda: scraped() > 0, 30)
+    pages = int(Path(f"/proc/{core}/statm").read_text().split()[1])
+    actual = pages * os.sysconf("SC_PAGE_SIZE")
+    assert abs(scraped() - actual) < 0.25 * actual
 
 
 def test_frontends_share_the_port_and_their_metrics_and_a_dead_one_is_replaced(service: Service) -> None:
