@@ -29,7 +29,7 @@ from service.batch_policy import (
     QueueTooSmallError,
 )
 from service.engine import EngineError
-from service.generation.engine import Produced
+from service.generation.engine_thread import Produced
 from service.generation.sequence import FinishReason
 from service.generation.sequence import Sequence as GenSequence
 from service.manifest import Manifest

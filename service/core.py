@@ -36,7 +36,7 @@ from service.batch_policy import (
 )
 from service.batching import MicroBatcher
 from service.engine import EngineError
-from service.generation.engine import Produced
+from service.generation.engine_thread import Produced
 from service.generation.sequence import Sequence as GenSequence
 from service.memory import resident_bytes
 from service.metrics import Metrics

@@ -14,7 +14,8 @@ import numpy as np
 from service.batch_policy import BatchPolicy, BatchStats
 from service.batching import ClientWork, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
-from service.generation.engine import EngineHooks, GenerationCore
+from service.generation.engine import EngineHooks
+from service.generation.engine_thread import GenerationCore
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.tuning import SPLIT_PAYS_S, decode_step_s, fastest_threads

@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
-from service.engine import OrtEngine
-from service.repository import read_version
+from service.engine import Engine, OrtEngine
+from service.manifest import GenerationLayout
+from service.repository import read_version, scan_repository
+from service.runtime import ort_engine_factory
+from service.settings import Settings
 from service.tokenization import TextEncoder
 from tests.conftest import TASK_MODEL_NAMES
 from tests.tiny_models import export_lm_pair
@@ -37,3 +40,17 @@ def parts(request: pytest.FixtureRequest) -> Iterator[tuple[Any, ...]]:
     encoder = TextEncoder(version.file(m.tokenizer.file), m.tokenizer)
     with ThreadPoolExecutor(max_workers=1) as executor:
         yield engine, m.generation, encoder, executor
+
+
+Loaded = dict[str, tuple[Engine, GenerationLayout]]
+
+
+@pytest.fixture(scope="module")
+def loaded(lm_pair: Path) -> Loaded:
+    """Both models of the tiny pair, each an fp32 session and its generation layout, by name."""
+    versions = {v.manifest.name: v for v in scan_repository(lm_pair).versions}
+    out: Loaded = {}
+    for name, version in versions.items():
+        assert version.manifest.generation is not None
+        out[name] = (ort_engine_factory(version, "fp32", Settings()), version.manifest.generation)
+    return out

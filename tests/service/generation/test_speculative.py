@@ -4,7 +4,6 @@ sampling rule keeps the teacher's distribution."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,22 +17,7 @@ from service.generation.sequence import Sequence
 from service.generation.slot_cache import LayerCache
 from service.generation.speculative import SpeculativeRunner, accept, distribution
 from service.manifest import GenerationLayout
-from service.repository import scan_repository
-from service.runtime import ort_engine_factory
-from service.settings import Settings
-from tests.service.generation.helpers import CallLog
-
-Loaded = dict[str, tuple[Engine, GenerationLayout]]
-
-
-@pytest.fixture(scope="module")
-def loaded(lm_pair: Path) -> Loaded:
-    versions = {v.manifest.name: v for v in scan_repository(lm_pair).versions}
-    out: Loaded = {}
-    for name, version in versions.items():
-        assert version.manifest.generation is not None
-        out[name] = (ort_engine_factory(version, "fp32", Settings()), version.manifest.generation)
-    return out
+from tests.service.generation.conftest import Loaded
 
 
 def generate(
@@ -223,37 +207,6 @@ def test_a_first_token_does_not_wait_for_the_drafts_prefill(loaded: Loaded) -> N
     long = Sequence(prompt=list(range(20, 32)), params=SamplingParams(max_new_tokens=4))
     runner.execute(StepPlan(prefill=[long], decode=[seq]))  # 12 positions, 8 a call: chunked
     assert draft.prefilled[-1] == list(range(20, 32))  # its chunks in lockstep with the teacher's
-
-
-@pytest.mark.parametrize("drafting", [False, True], ids=["teacher-alone", "drafted"])
-def test_a_joining_prompts_first_token_is_handed_out_before_the_running_rows_step(
-    loaded: Loaded, drafting: bool
-) -> None:
-    """Beside a decoding sequence, a newcomer's first token goes to `first_tokens` once its prefill call is
-    done, before any call of the running rows' step (a plain decode, or drafting and checking); a step
-    with nothing decoding hands it out in its result alone."""
-    teacher_engine, layout = loaded["lm-teacher"]
-    teacher, draft = CallLog(teacher_engine), CallLog(loaded["lm"][0])
-    runner: DecoderRunner | SpeculativeRunner = DecoderRunner(teacher, layout)  # type: ignore[arg-type]
-    if drafting:
-        runner = SpeculativeRunner(runner, DecoderRunner(draft, loaded["lm"][1]), 3, 64)  # type: ignore[arg-type]
-    handed: list[tuple[dict[int, int], int, int]] = []
-
-    def first_tokens(tokens: dict[int, int], logprobs: StepLogprobs) -> None:
-        handed.append((dict(tokens), len(teacher.widths), len(draft.widths)))
-
-    seq = Sequence(prompt=[5, 9, 13], params=SamplingParams(max_new_tokens=20))
-    seq.output.append(runner.execute(StepPlan(prefill=[seq], decode=[]), first_tokens).tokens[seq.id])
-    assert handed == []  # nothing else ran in that step: the result is as soon
-    seq.output.append(runner.execute(StepPlan(prefill=[], decode=[seq]), first_tokens).tokens[seq.id])
-    teacher.widths.clear()
-    draft.widths.clear()
-
-    joining = Sequence(prompt=[7, 7, 7, 2], params=SamplingParams(max_new_tokens=4))
-    result = runner.execute(StepPlan(prefill=[joining], decode=[seq]), first_tokens)
-    assert handed == [({joining.id: result.tokens[joining.id]}, 1, 0)]  # after the teacher's prefill only
-    assert teacher.widths[0] == 4 and len(teacher.widths) == 2  # the prefill, then the step's check
-    assert (len(draft.widths) > 0) == drafting and (result.drafted > 0) == drafting
 
 
 @pytest.mark.parametrize("draft", ["lm", "lm-teacher"], ids=["student-draft", "teacher-as-its-own-draft"])
