@@ -275,6 +275,12 @@ def distil_lm_command(
     alpha_kd: float = typer.Option(1.0, "--alpha-kd", min=0.0),
     alpha_hard: float = typer.Option(0.0, "--alpha-hard", min=0.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="Use the first k cached logits (0: all)."),
+    kd_rest: bool = typer.Option(
+        True,
+        "--kd-rest/--no-kd-rest",
+        help="Keep the teacher's probability outside its top k as one more class (needs a cache that records "
+        "it, and temperature 1); off: the top k renormalised, as caches of format 1 train.",
+    ),
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
     time_limit: float | None = TimeLimitOpt,
@@ -313,6 +319,7 @@ def distil_lm_command(
                 alpha_kd=alpha_kd,
                 alpha_hard=alpha_hard,
                 top_k=top_k,
+                kd_rest=kd_rest,
                 seed=seed,
                 bf16=bf16,
                 freeze_embeddings=freeze_embeddings,

@@ -49,6 +49,9 @@ class DistilLMConfig:
     alpha_kd: float = 1.0
     alpha_hard: float = 0.0
     top_k: int = 0  # 0: every logit the cache holds
+    # the teacher's mass outside its top k as one more class, where the cache records it and T = 1 (else the
+    # top k renormalised, which pulls all the student's mass into them: losses.top_k_distillation_loss)
+    kd_rest: bool = True
     seed: int = 0
     num_blocks: int = 0  # cache blocks used, fixed at the first start
     bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
@@ -118,6 +121,7 @@ def cached_kd_loss(
     """Position i's logits against the teacher's top k at i and the token at i + 1 (blocks are full)."""
     ids = batch["input_ids"]
     logits = model(input_ids=ids).logits[:, :-1]
+    mass = batch.get("mass") if config.kd_rest and config.temperature == 1 else None
     return top_k_distillation_loss(
         logits,
         batch["values"][:, :-1],
@@ -126,6 +130,7 @@ def cached_kd_loss(
         temperature=config.temperature,
         alpha_kd=config.alpha_kd,
         alpha_hard=config.alpha_hard,
+        teacher_mass=None if mass is None else mass[:, :-1],
     )
 
 

@@ -9,6 +9,8 @@ makes distillation fit. The cache is a directory:
                     eos between them, or (raw) the file exactly as written
     values.npy      [N, L, k] fp16  the teacher's k largest logits at every position, largest first
     indices.npy     [N, L, k] int32  their token ids
+    mass.npy        [N, L] fp32  the teacher's probability on those k ids (the rest of the vocabulary holds
+                    1 - mass: the loss keeps it as one more class); caches of format 1 have none
     progress.json   {"blocks_done": n}: blocks 0..n-1 of values/indices are written
 
 Building is resumable: blocks are written in order, flushed, and only then counted in progress.json, so an
@@ -31,7 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from training.data.loaders import load_text_data
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: mass.npy
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,13 @@ def cut_blocks(stream: np.ndarray, block_size: int, seed: int | None) -> np.ndar
 @torch.inference_mode()
 def teacher_top_k(
     teacher: PreTrainedModel, input_ids: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest logits (float32) and their ids at every position of full blocks (no padding)."""
-    logits = teacher(input_ids=input_ids).logits
-    values, indices = logits.float().topk(k, dim=-1)
-    return values, indices
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k largest logits (float32), their ids, and the probability they hold, at every position of full
+    blocks (no padding)."""
+    logits = teacher(input_ids=input_ids).logits.float()
+    values, indices = logits.topk(k, dim=-1)
+    mass = (values - logits.logsumexp(dim=-1, keepdim=True)).exp().sum(dim=-1)
+    return values, indices, mass
 
 
 def _path(name: str | Path) -> str:
@@ -129,6 +133,7 @@ def _create(cache: Path, meta: CacheMeta, tokens: np.ndarray) -> None:
     shape = (meta.num_blocks, meta.block_size, meta.top_k)
     np.lib.format.open_memmap(cache / "values.npy", mode="w+", dtype=np.float16, shape=shape).flush()
     np.lib.format.open_memmap(cache / "indices.npy", mode="w+", dtype=np.int32, shape=shape).flush()
+    np.lib.format.open_memmap(cache / "mass.npy", mode="w+", dtype=np.float32, shape=shape[:2]).flush()
     _write_json(cache / "progress.json", {"blocks_done": 0})
     _write_json(cache / "meta.json", asdict(meta))  # last: a cache without meta.json is started afresh
 
@@ -183,17 +188,22 @@ def build_cache(
     tokens_all = np.load(cache / "tokens.npy", mmap_mode="r")
     values = np.load(cache / "values.npy", mmap_mode="r+")
     indices = np.load(cache / "indices.npy", mmap_mode="r+")
+    # a format-1 cache, continued, stays without masses (its earlier blocks have none)
+    masses = np.load(cache / "mass.npy", mmap_mode="r+") if (cache / "mass.npy").exists() else None
     device = next(teacher.parameters()).device
     teacher.eval()
     started, batches = time.monotonic(), 0
     while done < target:
         end = min(done + batch_size, target)
         ids = torch.from_numpy(np.asarray(tokens_all[done:end], dtype=np.int64)).to(device)
-        top_values, top_indices = teacher_top_k(teacher, ids, meta.top_k)
+        top_values, top_indices, top_mass = teacher_top_k(teacher, ids, meta.top_k)
         values[done:end] = top_values.cpu().numpy().astype(np.float16)
         indices[done:end] = top_indices.cpu().numpy().astype(np.int32)
         values.flush()
         indices.flush()
+        if masses is not None:
+            masses[done:end] = top_mass.cpu().numpy()
+            masses.flush()
         done = end
         _write_json(cache / "progress.json", {"blocks_done": done})  # only after the data is on disk
         batches += 1
@@ -214,12 +224,14 @@ class CachedBlocks:
     values: np.ndarray
     indices: np.ndarray
     meta: CacheMeta
+    mass: np.ndarray | None = None  # None: a format-1 cache
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def batch(self, rows: np.ndarray, top_k: int | None = None) -> dict[str, torch.Tensor]:
-        """Blocks `rows`: input_ids [B, L] long, teacher values [B, L, k] float32, indices [B, L, k] long.
+        """Blocks `rows`: input_ids [B, L] long, teacher values [B, L, k] float32, indices [B, L, k] long,
+        and where the cache records it the teacher's probability on those k ids, mass [B, L] float32.
 
         `top_k` keeps only the first (largest) k of the cached ones: one cache serves any k up to its own.
         """
@@ -227,11 +239,16 @@ class CachedBlocks:
         if not 1 <= k <= self.meta.top_k:
             raise ValueError(f"top_k must be in 1..{self.meta.top_k} (the cache's), got {k}")
         rows = np.sort(rows)  # memory maps read faster in order; the batch's order does not matter
-        return {
+        values = torch.from_numpy(np.asarray(self.values[rows], dtype=np.float32))
+        batch = {
             "input_ids": torch.from_numpy(np.asarray(self.tokens[rows], dtype=np.int64)),
-            "values": torch.from_numpy(np.asarray(self.values[rows, :, :k], dtype=np.float32)),
+            "values": values[..., :k].contiguous(),
             "indices": torch.from_numpy(np.asarray(self.indices[rows, :, :k], dtype=np.int64)),
         }
+        if self.mass is not None:  # the cached mass is on all its ids; the first k hold their share of it
+            share = values.softmax(dim=-1)[..., :k].sum(dim=-1)
+            batch["mass"] = torch.from_numpy(np.asarray(self.mass[rows], dtype=np.float32)) * share
+        return batch
 
 
 def open_cache(cache: Path, max_blocks: int | None = None) -> CachedBlocks:
@@ -246,4 +263,5 @@ def open_cache(cache: Path, max_blocks: int | None = None) -> CachedBlocks:
         values=np.load(cache / "values.npy", mmap_mode="r")[:done],
         indices=np.load(cache / "indices.npy", mmap_mode="r")[:done],
         meta=meta,
+        mass=np.load(cache / "mass.npy", mmap_mode="r")[:done] if (cache / "mass.npy").exists() else None,
     )

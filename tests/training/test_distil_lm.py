@@ -56,11 +56,17 @@ def test_cache_holds_the_teachers_top_k(teacher, tokenizer, text: Path, tmp_path
     batch = blocks.batch(np.arange(len(blocks)))
     with torch.no_grad():
         values, indices = teacher(input_ids=batch["input_ids"]).logits.topk(K, dim=-1)
+        probabilities = teacher(input_ids=batch["input_ids"]).logits.softmax(dim=-1)
     assert torch.equal(batch["indices"], indices)
     torch.testing.assert_close(batch["values"], values.half().float())
     assert batch["input_ids"].shape == (len(blocks), BLOCK)
-    # a smaller k reads the first (largest) ones
-    assert torch.equal(blocks.batch(np.arange(2), top_k=3)["indices"], batch["indices"][:2, :, :3])
+    torch.testing.assert_close(batch["mass"], probabilities.gather(-1, indices).sum(-1))
+    # a smaller k reads the first (largest) ones, and the probability they alone hold
+    smaller = blocks.batch(np.arange(2), top_k=3)
+    assert torch.equal(smaller["indices"], batch["indices"][:2, :, :3])
+    torch.testing.assert_close(
+        smaller["mass"], probabilities[:2].gather(-1, indices[:2, :, :3]).sum(-1), atol=2e-3, rtol=2e-3
+    )
 
 
 def test_interrupted_cache_build_resumes_to_the_same_arrays(
@@ -71,7 +77,7 @@ def test_interrupted_cache_build_resumes_to_the_same_arrays(
     assert lm_cache.open_cache(tmp_path / "parts").tokens.shape[0] == 2  # only counted blocks are read
     assert _cache(teacher, tokenizer, text, tmp_path / "parts", max_blocks=3) == 3  # grow it a little
     assert _cache(teacher, tokenizer, text, tmp_path / "parts") == whole
-    for name in ("tokens.npy", "values.npy", "indices.npy"):
+    for name in ("tokens.npy", "values.npy", "indices.npy", "mass.npy"):
         assert np.array_equal(np.load(tmp_path / "whole" / name), np.load(tmp_path / "parts" / name))
     with pytest.raises(ValueError, match="holds teacher"):
         _cache(teacher, tokenizer, text, tmp_path / "parts", seed=1)
@@ -154,6 +160,83 @@ def test_top_k_loss_is_the_full_kl_when_k_is_the_vocabulary() -> None:
         student, *teacher.topk(3, dim=-1), labels, temperature=1, alpha_kd=1, alpha_hard=0
     )
     assert float(partial.kd) >= 0
+
+
+def test_top_k_loss_with_the_teachers_rest_is_the_kl_over_k_plus_one_classes() -> None:
+    torch.manual_seed(0)
+    vocab, k = 11, 3
+    student = torch.randn(2, 5, vocab, requires_grad=True)
+    teacher = torch.randn(2, 5, vocab) * 3
+    labels = torch.randint(0, vocab, (2, 5))
+    labels[0, 0] = -100
+    values, indices = teacher.topk(k, dim=-1)
+    p, q = teacher.softmax(-1).gather(-1, indices), student.softmax(-1).gather(-1, indices)
+    coarse_p = torch.cat([p, 1 - p.sum(-1, keepdim=True)], dim=-1)  # k ids, then the rest
+    coarse_q = torch.cat([q, 1 - q.sum(-1, keepdim=True)], dim=-1)
+    expected = (coarse_p * (coarse_p.log() - coarse_q.log())).sum(-1)[labels != -100].mean()
+    terms = top_k_distillation_loss(
+        student, values, indices, labels, temperature=1, alpha_kd=1, alpha_hard=0, teacher_mass=p.sum(-1)
+    )
+    torch.testing.assert_close(terms.kd, expected)
+    # k = V: the rest is empty and the loss is the full KL, with finite gradients
+    everything = top_k_distillation_loss(
+        student,
+        *teacher.topk(vocab, dim=-1),
+        labels,
+        temperature=1,
+        alpha_kd=1,
+        alpha_hard=0,
+        teacher_mass=torch.ones(2, 5),
+    )
+    full = distillation_loss(student, teacher, labels, temperature=1, alpha_kd=1, alpha_hard=0)
+    torch.testing.assert_close(everything.kd, full.kd)
+    everything.kd.backward()
+    assert torch.isfinite(student.grad).all()
+    with pytest.raises(ValueError, match="temperature 1"):
+        top_k_distillation_loss(
+            student, values, indices, labels, temperature=2, alpha_kd=1, alpha_hard=0, teacher_mass=p.sum(-1)
+        )
+
+
+def _rest_gap(student, blocks: lm_cache.CachedBlocks) -> float:
+    """Mean |student's mass outside the teacher's top k - the teacher's| over the cache."""
+    batch = blocks.batch(np.arange(len(blocks)))
+    with torch.no_grad():
+        probabilities = student(input_ids=batch["input_ids"]).logits.softmax(-1)
+    student_rest = 1 - probabilities.gather(-1, batch["indices"]).sum(-1)
+    return float((student_rest - (1 - batch["mass"])).abs().mean())
+
+
+def test_kd_alone_keeps_the_teachers_mass_outside_its_top_k_only_with_the_rest_class(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    """The renormalised top k teaches a student to put everything on the teacher's k ids; with the rest as
+    a class it learns how much the teacher leaves outside them (the tiny teacher leaves most)."""
+    _cache(teacher, tokenizer, text, tmp_path / "cache")
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+    gaps = {}
+    for kd_rest in (True, False):
+        config = _config(steps=60, alpha_hard=0.0, kd_rest=kd_rest)
+        torch.manual_seed(0)
+        student = distil_lm.student_from_teacher(teacher, config)
+        before = _rest_gap(student, blocks)
+        distil_lm.train(student, blocks, config, tmp_path / f"run-{kd_rest}", checkpoint_every=1000)
+        gaps[kd_rest] = _rest_gap(student, blocks)
+    assert gaps[True] < 0.5 * before and gaps[False] > 2 * before  # measured: 0.066 -> 0.014 and 0.226
+
+
+def test_a_cache_without_masses_still_trains_on_the_renormalised_top_k(
+    teacher, tokenizer, text: Path, tmp_path: Path
+) -> None:
+    _cache(teacher, tokenizer, text, tmp_path / "cache", max_blocks=2)
+    (tmp_path / "cache" / "mass.npy").unlink()  # as a format-1 cache is
+    blocks = lm_cache.open_cache(tmp_path / "cache")
+    assert blocks.mass is None and "mass" not in blocks.batch(np.arange(2))
+    assert (
+        distil_lm.train(distil_lm.student_from_teacher(teacher, _config()), blocks, _config(), tmp_path / "r")
+        == 6
+    )
+    assert _cache(teacher, tokenizer, text, tmp_path / "cache", max_blocks=3) == 3  # continued, still without
 
 
 def _config(**overrides: object) -> distil_lm.DistilLMConfig:
