@@ -18,7 +18,8 @@
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
 # first continues that many openings of train's lines, `lm-generate`, and the cache covers train and that
 # text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
-# GEN_BATCH (256), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
+# GEN_BATCH (256), GEN_TEMPERATURE (1.0; 0.01 is near-greedy: the contexts a greedy teacher serves, the text a
+# speculative draft is checked on), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
 # (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
 # RAW (set: the text exactly as written, line breaks and headings kept, for the cache and every score, as
 # lm-evaluation-harness scores it; default: prose lines with eos between them). EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
@@ -54,7 +55,7 @@ train=$DATA/wikitext2_raw_train.txt
 if [[ -n ${GEN_PROMPTS:-} && ! -f $WORK/cache/meta.json ]]; then  # a cache made fixes its text: no more after
   $PY -m training lm-generate --teacher "$WORK/teacher" --train "$train" --out "$WORK/generated.txt" \
     --prompts "$GEN_PROMPTS" --prompt-tokens "${GEN_PROMPT_TOKENS:-32}" --new-tokens "${GEN_NEW_TOKENS:-224}" \
-    --batch-size "${GEN_BATCH:-256}" --bf16 ${GEN_S:+--time-limit "$($PY -c "print(${GEN_S} / 60)")"}
+    --batch-size "${GEN_BATCH:-256}" --temperature "${GEN_TEMPERATURE:-1.0}" --bf16 ${GEN_S:+--time-limit "$($PY -c "print(${GEN_S} / 60)")"}
   stamp "generated $(wc -l < "$WORK/generated.txt") lines"
   cat "$train" "$WORK/generated.txt" > "$WORK/train-plus-generated.txt"
 fi

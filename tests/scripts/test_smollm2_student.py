@@ -47,6 +47,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "GEN_BATCH": "3",
         "GEN_PROMPT_TOKENS": "4",
         "GEN_NEW_TOKENS": "24",
+        "GEN_TEMPERATURE": "0.5",
         "GEN_S": "600",
         "RECIPES": "kd:1:0 mixed:1:1:1",  # mixed copies the teacher's last layer, not its first
         "OMP_NUM_THREADS": "1",
@@ -69,6 +70,8 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     assert "generated" in first and "cached" in first and "trained" not in first
     generated = (work / "generated.txt").read_text().splitlines()
     assert len(generated) >= 6
+    progress = json.loads((work / "generated.txt.progress.json").read_text())
+    assert progress["settings"]["temperature"] == 0.5
     assert not (work / "kd").exists()
     # then the same command trains on that cache: no more text (the cache fixed it), no second import
     second = run()
@@ -76,12 +79,13 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     assert (work / "generated.txt").read_text().splitlines() == generated
     meta = json.loads((work / "cache" / "meta.json").read_text())
     assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
-    assert meta["block_size"] == 64 and meta["raw"]
+    assert meta["block_size"] == 64 and meta["raw"] and (work / "cache" / "mass.npy").exists()
     ratios = {}
     for name, layer_map in (("kd", [0]), ("mixed", [1])):
         state = json.loads((work / name / "train_state.json").read_text())
         assert state["step"] == 2
         assert state["config"]["layer_map"] == layer_map
+        assert state["config"]["kd_rest"]  # the cache records the mass outside the top k: it is used
         scores = {size: json.loads((work / name / f"lm_eval-{size}.json").read_text()) for size in (64, 32)}
         assert [(scores[size]["block_size"], scores[size]["raw"]) for size in (64, 32)] == [
             (64, True),
