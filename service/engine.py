@@ -23,6 +23,8 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 import onnxruntime as ort
 
+from service import graph_cache
+
 log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
@@ -119,6 +121,31 @@ def preload_cuda_libraries() -> None:
         log.debug("onnxruntime.preload_dlls: %s", e)
 
 
+def _session_options(
+    intra_op_threads: int, inter_op_threads: int, bounded_memory: bool, *, optimize: bool
+) -> ort.SessionOptions:
+    """`optimize=False` opens a graph ONNX Runtime optimised and wrote earlier (service/graph_cache.py)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    options.intra_op_num_threads = intra_op_threads or available_cores()
+    options.inter_op_num_threads = inter_op_threads
+    # Spinning threads steal the cores the event loop and tokenizer need under a server.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    if bounded_memory:
+        # ONNX Runtime plans and keeps a memory pattern (one block sized for the run) for every new
+        # set of input shapes, batch x padded length and every KV-cache length: under varied traffic
+        # memory grows with the shapes met. Without them the arena holds what the largest batches need.
+        # benchmarks/arena_bench.py (the four demo models, the core's threads, 2 x 3 min alternating,
+        # shared 2-core CPU): RSS from 1 min to the end +18/+24 % vs +34/+34 % with the patterns, peak
+        # 854/835 vs 1072/1115 MiB, sequences/s 0.97x/1.05x. `make soak` (10 min): the engine core's RSS
+        # +1.0 % vs +3.5 % with the patterns (docs/benchmarks.md).
+        options.enable_mem_pattern = False
+    return options
+
+
 class OrtEngine:
     """A session with explicit thread settings. ONNX Runtime's `run` is thread-safe: a model's instances
     (concurrent engine calls) share this one session and its weights."""
@@ -133,31 +160,46 @@ class OrtEngine:
         inter_op_threads: int = 1,
         bounded_memory: bool = True,
         io_binding: IoBinding = "auto",
+        cached_graph: Path | None = None,
     ) -> None:
         """`model_path`: a file, or a serialized model (a helper graph such as generation/row_graph.py's).
         `bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost).
-        `io_binding`: auto binds on CUDA only (on a CPU plain `run` is as fast: see `binds_io`)."""
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = intra_op_threads or available_cores()
-        options.inter_op_num_threads = inter_op_threads
-        # Spinning threads steal the cores the event loop and tokenizer need under a server.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        if bounded_memory:
-            # ONNX Runtime plans and keeps a memory pattern (one block sized for the run) for every new
-            # set of input shapes, batch x padded length and every KV-cache length: under varied traffic
-            # memory grows with the shapes met. Without them the arena holds what the largest batches need.
-            # benchmarks/arena_bench.py (the four demo models, the core's threads, 2 x 3 min alternating,
-            # shared 2-core CPU): RSS from 1 min to the end +18/+24 % vs +34/+34 % with the patterns, peak
-            # 854/835 vs 1072/1115 MiB, sequences/s 0.97x/1.05x. `make soak` (10 min): the engine core's RSS
-            # +1.0 % vs +3.5 % with the patterns (docs/benchmarks.md).
-            options.enable_mem_pattern = False
+        `io_binding`: auto binds on CUDA only (on a CPU plain `run` is as fast: see `binds_io`).
+        `cached_graph`: where this file's optimised graph is kept between starts (service/graph_cache.py):
+        opened from there when it exists, written there when not; CPU sessions only."""
         wanted = choose_providers(device)
         if CUDA in wanted:
             preload_cuda_libraries()
         source = model_path if isinstance(model_path, bytes) else str(model_path)
-        self._session = ort.InferenceSession(source, sess_options=options, providers=wanted)
+        if cached_graph is not None and wanted != [CPU]:
+            cached_graph = None
+        self.from_cached_graph = False
+        if cached_graph is not None and cached_graph.exists():
+            options = _session_options(intra_op_threads, inter_op_threads, bounded_memory, optimize=False)
+            try:
+                self._session = ort.InferenceSession(
+                    str(cached_graph), sess_options=options, providers=wanted
+                )
+                self.from_cached_graph = True
+            except Exception:  # ORT raises its own types; the exported graph is still there
+                graph_cache.forget(cached_graph)
+        if not self.from_cached_graph:
+            options = _session_options(intra_op_threads, inter_op_threads, bounded_memory, optimize=True)
+            if cached_graph is not None and graph_cache.prepare(cached_graph):
+                written = graph_cache.writing_path(cached_graph)
+                options.optimized_model_filepath = str(written)
+                try:
+                    self._session = ort.InferenceSession(source, sess_options=options, providers=wanted)
+                    graph_cache.keep(written, cached_graph)
+                except Exception as e:  # e.g. a graph over 2 GB cannot be written as one file: open it plain
+                    written.unlink(missing_ok=True)
+                    log.warning("%s: optimised graph not cached (%s)", model_path, e)
+                    cached_graph = None
+            else:
+                cached_graph = None
+            if cached_graph is None:
+                options.optimized_model_filepath = ""
+                self._session = ort.InferenceSession(source, sess_options=options, providers=wanted)
         if isinstance(model_path, bytes):
             model_path = Path(f"<{len(model_path)} bytes>")
         self._provider = self._session.get_providers()[0]
@@ -174,11 +216,12 @@ class OrtEngine:
         self._device = ("cuda", 0) if on_cuda else ("cpu", 0)  # the session's device (type, id)
         self._bindings = threading.local()  # one IOBinding per engine thread, reused call after call
         log.info(
-            "loaded %s on %s (asked for %s), io binding %s",
+            "loaded %s on %s (asked for %s), io binding %s%s",
             model_path,
             self._provider,
             wanted,
             "on" if self._binds_io else "off",
+            ", from its cached optimised graph" if self.from_cached_graph else "",
         )
 
     @property

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from service import graph_cache
 from service.batch_policy import BatchPolicy, BatchStats
 from service.batching import ClientWork, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
@@ -94,13 +95,17 @@ def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
 
 
 def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
+    spec = version.manifest.variants[variant]
     return OrtEngine(
-        version.file(version.manifest.variants[variant].file),
+        version.file(spec.file),
         device=settings.device,
         require_gpu=settings.require_gpu,
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         io_binding=settings.io_binding,
+        cached_graph=graph_cache.cached_graph(settings.graph_cache_dir, spec.sha256)
+        if settings.graph_cache_dir is not None
+        else None,
     )
 
 

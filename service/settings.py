@@ -35,6 +35,13 @@ class Settings(BaseSettings):
         "generation KV cache there between decode steps. auto: on with CUDA, off on a CPU (where plain "
         "runs are as fast); on: also on a CPU (tests the GPU's code path).",
     )
+    graph_cache_dir: Path | None = Field(
+        None,
+        description="Keep ONNX Runtime's optimised graphs here between starts (keyed by the exported file's "
+        "sha256, the runtime's version and this CPU): a later start, replica or version switch opens them "
+        "without optimising again. CPU sessions only; each graph takes about its model's size on disk. "
+        "Unset: every start optimises.",
+    )
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
