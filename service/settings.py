@@ -38,8 +38,9 @@ class Settings(BaseSettings):
     graph_cache_dir: Path | None = Field(
         None,
         description="Keep ONNX Runtime's optimised graphs here between starts (keyed by the exported file's "
-        "sha256, the runtime's version and this CPU): a later start, replica or version switch opens them "
-        "without optimising again. CPU sessions only; each graph takes about its model's size on disk. "
+        "sha256, the runtime's version and this CPU): a later start or replica, or a version loaded again, "
+        "opens them without optimising again. CPU sessions only; each graph takes about its model's size on "
+        "disk. "
         "Unset: every start optimises.",
     )
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
