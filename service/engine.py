@@ -181,6 +181,7 @@ class OrtEngine:
                     str(cached_graph), sess_options=options, providers=wanted
                 )
                 self.from_cached_graph = True
+                graph_cache.opened(cached_graph)
             except Exception:  # ORT raises its own types; the exported graph is still there
                 graph_cache.forget(cached_graph)
         if not self.from_cached_graph:

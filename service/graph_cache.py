@@ -11,14 +11,18 @@ file is keyed by the exported file's sha256 (the manifest's, checked at load), O
 optimisation level and this CPU's model and instruction-set flags: a new version, a new runtime or another
 machine type misses and writes its own. CPU sessions only: a GPU graph is partitioned between providers.
 A file is written under a temporary name and renamed, so a start that dies mid-write leaves no half graph.
+Each file opened is touched; writing a new one removes those no start has opened for `UNUSED_DAYS` (the
+graphs of versions long retired), so the directory holds what is served, not every version ever served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
+import time
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +31,7 @@ import onnxruntime as ort
 log = logging.getLogger(__name__)
 
 LEVEL = "all"  # the level the cached graphs were optimised at (ORT_ENABLE_ALL, what every session uses)
+UNUSED_DAYS = 7.0
 
 
 @cache
@@ -72,10 +77,33 @@ def keep(written: Path, cached: Path) -> None:
         if written.exists() and written.stat().st_size > 0:
             os.replace(written, cached)
             log.info("optimised graph cached at %s", cached)
+            prune(cached.parent)
     except OSError as e:
         log.warning("could not cache the optimised graph at %s: %s", cached, e)
     finally:
         written.unlink(missing_ok=True)
+
+
+def opened(cached: Path) -> None:
+    """A start used this graph: it stays (see `prune`)."""
+    with contextlib.suppress(OSError):  # a read-only cache still serves; it is just never pruned
+        os.utime(cached)
+
+
+def prune(directory: Path, unused_days: float = UNUSED_DAYS) -> list[Path]:
+    """Remove the graphs no start has opened for `unused_days`; returns them."""
+    cutoff = time.time() - unused_days * 86400
+    removed = []
+    for path in directory.glob("*.onnx"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed.append(path)
+        except OSError:  # another process removed it first, or the directory is read-only
+            continue
+    if removed:
+        log.info("graph cache %s: removed %d graphs unused for %g days", directory, len(removed), unused_days)
+    return removed
 
 
 def forget(cached: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +86,18 @@ def test_another_file_runtime_or_processor_misses_the_cache(
     assert graph_cache.cached_graph(tmp_path, "b" * 64) != here  # a new version's file
     monkeypatch.setattr(graph_cache, "machine_tag", lambda: "1.99.0|all|another-cpu")
     assert graph_cache.cached_graph(tmp_path, "a" * 64) != here  # an upgraded runtime, another machine type
+
+
+def test_graphs_no_start_opened_for_a_week_go_when_a_new_one_is_written(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    retired, served = tmp_path / ("0" * 32 + ".onnx"), tmp_path / ("1" * 32 + ".onnx")
+    for path in (retired, served):
+        path.write_bytes(b"an optimised graph")
+    week_ago = time.time() - 8 * 86400
+    os.utime(retired, (week_ago, week_ago))
+    os.utime(served, (week_ago, week_ago))
+    graph_cache.opened(served)  # a start used it today
+    _engine(_version(tiny_repository, "text-classification"), tmp_path)  # writes a new graph
+    assert not retired.exists() and served.exists()
+    assert len(list(tmp_path.glob("*.onnx"))) == 2
