@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import time
+import uuid
 from functools import cache
 from pathlib import Path
 
@@ -57,8 +58,9 @@ def cached_graph(directory: Path, sha256: str) -> Path:
 
 
 def writing_path(cached: Path) -> Path:
-    """The temporary name ONNX Runtime writes to; `keep` renames it once the session opened."""
-    return cached.with_name(f"{cached.stem}.{os.getpid()}.writing")
+    """The temporary name ONNX Runtime writes to, one per session being opened (replicas sharing the cache,
+    or two loads in one process); `keep` renames it once the session opened."""
+    return cached.with_name(f"{cached.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.writing")
 
 
 def prepare(cached: Path) -> bool:

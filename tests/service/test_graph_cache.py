@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,19 @@ def test_graphs_no_start_opened_for_a_week_go_when_a_new_one_is_written(
     _engine(_version(tiny_repository, "text-classification"), tmp_path)  # writes a new graph
     assert not retired.exists() and served.exists()
     assert len(list(tmp_path.glob("*.onnx"))) == 2
+
+
+def test_sessions_opened_at_once_each_write_their_own_file_and_one_graph_stays(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """Two loads of one file at once (replicas on one cache, or two in a process) write apart."""
+    version = _version(tiny_repository, "text-generation")
+    cached = graph_cache.cached_graph(tmp_path, version.manifest.variants["fp32"].sha256)
+    names = {graph_cache.writing_path(cached) for _ in range(4)}
+    assert len(names) == 4 and all(n.parent == tmp_path for n in names)
+    with ThreadPoolExecutor(4) as pool:
+        engines = list(pool.map(lambda _: _engine(version, tmp_path), range(4)))
+    assert [p.name for p in tmp_path.iterdir()] == [cached.name]  # no half-written file left
+    assert _engine(version, tmp_path).from_cached_graph
+    prompts = [[5, 9, 12]]
+    assert len({tuple(greedy(e, version, prompts, 6)[0]) for e in engines}) == 1
