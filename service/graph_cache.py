@@ -111,4 +111,5 @@ def prune(directory: Path, unused_days: float = UNUSED_DAYS) -> list[Path]:
 def forget(cached: Path) -> None:
     """Drop a cached graph that did not open (truncated, or from a runtime that wrote it differently)."""
     log.warning("cached graph %s did not open: removed, the exported graph is optimised again", cached)
-    cached.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a read-only cache: the exported graph still opens
+        cached.unlink(missing_ok=True)

@@ -40,8 +40,7 @@ class Settings(BaseSettings):
         description="Keep ONNX Runtime's optimised graphs here between starts (keyed by the exported file's "
         "sha256, the runtime's version and this CPU): a later start or replica, or a version loaded again, "
         "opens them without optimising again. CPU sessions only; each graph takes about its model's size on "
-        "disk. "
-        "Unset: every start optimises.",
+        "disk. Unset: every start optimises.",
     )
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
         "auto",

@@ -329,6 +329,9 @@ def distil_lm_command(
         student.to(device)  # type: ignore[arg-type]
         del teacher_model
         blocks = lm_cache.open_cache(cache, config.num_blocks or None)
+        if config.kd_rest and (blocks.mass is None or config.temperature != 1):
+            why = "the cache records no masses (format 1)" if blocks.mass is None else "temperature is not 1"
+            console.print(f"the teacher's top k renormalised, its rest not a class: {why}", soft_wrap=True)
         started = time.monotonic()
         with ProgressLog(
             "distil-lm",

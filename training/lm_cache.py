@@ -11,7 +11,7 @@ makes distillation fit. The cache is a directory:
     indices.npy     [N, L, k] int32  their token ids
     mass.npy        [N, L] fp32  the teacher's probability on those k ids (the rest of the vocabulary holds
                     1 - mass: the loss keeps it as one more class); caches of format 1 have none
-    progress.json   {"blocks_done": n}: blocks 0..n-1 of values/indices are written
+    progress.json   {"blocks_done": n}: blocks 0..n-1 of values/indices/mass are written
 
 Building is resumable: blocks are written in order, flushed, and only then counted in progress.json, so an
 interrupted build (time limit, Ctrl-C, a lost machine) continues from the last counted block, and asking for

@@ -18,9 +18,9 @@
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
 # first continues that many openings of train's lines, `lm-generate`, and the cache covers train and that
 # text: more text once ~10 passes over train overfit), GEN_PROMPT_TOKENS (32), GEN_NEW_TOKENS (224),
-# GEN_BATCH (256), GEN_TEMPERATURE (1.0; 0.01 is near-greedy: the contexts a greedy teacher serves, the text a
-# speculative draft is checked on), GEN_S (seconds the generation may take: it stops there with what it wrote), STEPS_PER_S
-# (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
+# GEN_BATCH (256), GEN_TEMPERATURE (1.0; 0.01 is near-greedy: the contexts a greedy teacher serves, the text
+# a speculative draft is checked on), GEN_S (seconds the generation may take: it stops there with what it
+# wrote), STEPS_PER_S (set: one recipe's measured rate, the step count then sized from it and TRAIN_S with no probe), PY (python3).
 # RAW (set: the text exactly as written, line breaks and headings kept, for the cache and every score, as
 # lm-evaluation-harness scores it; default: prose lines with eos between them). EVAL_BLOCKS ("$BLOCK 256"): each student is scored on all of valid in blocks of each size, in turn
 # (lm_eval-SIZE.json; the first size picks the best student and is its lm_eval.json). STOP_AFTER=cache:

@@ -425,3 +425,9 @@ def test_cli_caches_distils_resumes_and_evaluates(tmp_path: Path, text: Path) ->
     assert all(torch.equal(before[name], after[name]) for name in before)  # learning rate 0: unchanged
     state = json.loads((tmp_path / "again" / "train_state.json").read_text())
     assert state["config"]["student_init"] == str(out) and state["config"]["layers"] == 1
+    assert "renormalised" not in result.output  # the cache records the masses, T = 1: the rest is a class
+    warm = ["distil-lm", *common, "--cache", str(cache), "--out", str(tmp_path / "warm"), "--layers", "1"]
+    result = runner.invoke(app, [*warm, "--batch-size", "2", "--steps", "1", "--temperature", "2"])
+    assert (
+        result.exit_code == 0 and "renormalised" in result.output and "temperature is not 1" in result.output
+    )
