@@ -207,8 +207,15 @@ def appending_graph(model: Any) -> nn.Module:
     )
 
 
-def export_appending_decoder(model: Any, out: Path, opset: int) -> None:
-    """Write the appending decoder of `model` to `out` with the names optimum's graph uses."""
+def export_appending_decoder(model: Any, out: Path, opset: int, traced: bool = False) -> None:
+    """Write the appending decoder of `model` to `out` with the names optimum's graph uses: a Llama node by
+    node with ONNX Runtime's fused operators where it can (export/llama_graph.py; `traced` forces the
+    torch.onnx trace of the modules above, the way every other decoder goes)."""
+    from export.llama_graph import export_fused_llama, fuses
+
+    if not traced and fuses(model.config):
+        export_fused_llama(model, out)
+        return
     layers, _, kv_heads, head_dim = decoder_shape(model.config)
     names_in = ["input_ids", "attention_mask", "position_ids"]
     names_out = ["logits"]

@@ -14,7 +14,7 @@ from export.appending_decoder import export_appending_decoder
 from export.tasks import decoder_shape
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "llama-untied-mha"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "llama-untied-mha", "llama-traced", "llama-biased"])
 def decoder(
     request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Any, ort.InferenceSession]:
@@ -26,10 +26,15 @@ def decoder(
         model = AutoModelForCausalLM.from_pretrained(tiny_models["text-generation"]).eval()
     elif request.param == "llama":  # weights wider than the init: logits far apart, a harder test
         model = tiny_llama(vocab_size=300, std=0.2)
-    else:  # as many key/value heads as heads, and an output head of its own
+    elif request.param == "llama-untied-mha":  # as many key/value heads as heads, an output head of its own
         model = tiny_llama(vocab_size=300, std=0.2, num_key_value_heads=4, tie_word_embeddings=False)
+    elif request.param == "llama-traced":  # the torch.onnx trace, for Llamas the fused graph does not cover
+        model = tiny_llama(vocab_size=300, std=0.2)
+    else:  # biases on the attention's projections (Qwen2-style Llamas), and a scaled rope
+        rope = {"rope_type": "linear", "factor": 2.0}
+        model = tiny_llama(vocab_size=300, std=0.2, attention_bias=True, rope_scaling=rope)
     path = tmp_path_factory.mktemp(f"appending-{request.param}") / "model.onnx"
-    export_appending_decoder(model, path, opset=17)
+    export_appending_decoder(model, path, opset=17, traced=request.param == "llama-traced")
     return model, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
@@ -97,3 +102,35 @@ def test_padded_prefill_then_decode_into_a_roomy_cache_equals_pytorch(
         cache_mask[:, used] = 1
         used += 1
         last = [int(logits[row, 0].argmax()) for row in range(rows)]
+
+
+def test_a_llama_is_written_with_fused_operators_and_its_fp16_follows_pytorch(tmp_path: Path) -> None:
+    """The export writes a Llama node by node (export/llama_graph.py): onnx's checker accepts it, ONNX
+    Runtime's fused operators stand where the traced graph had dozens of shape nodes a layer, and its fp16
+    variant (the GPU's) still computes PyTorch's logits within fp16's precision."""
+    import onnx
+
+    from export.variants import build_fp16
+    from tests.tiny_models import tiny_llama
+
+    model = tiny_llama(vocab_size=300)
+    fp32, fp16 = tmp_path / "model.onnx", tmp_path / "model.fp16.onnx"
+    export_appending_decoder(model, fp32, opset=17)
+    onnx.checker.check_model(str(fp32), full_check=True)
+    ops = [node.op_type for node in onnx.load(str(fp32)).graph.node]
+    layers = model.config.num_hidden_layers
+    assert ops.count("RotaryEmbedding") == 2 * layers
+    assert ops.count("MatMul") == 6 * layers + 1  # qkv, o, gate + up, down, the probabilities twice; head
+    assert (
+        len(ops) < 40 * layers + 25
+    )  # ~35 a layer, ~20 once a call; the traced graph: ~90 a layer after ONNX Runtime's own fusions
+    build_fp16(fp32, fp16)
+    session = ort.InferenceSession(str(fp16), providers=["CPUExecutionProvider"])
+    tokens = [5, 17, 42, 7, 99]
+    _, _, kv_heads, head_dim = decoder_shape(model.config)
+    empty = [np.zeros((1, kv_heads, 0, head_dim), dtype=np.float32)] * (2 * layers)
+    ids = np.array([tokens], dtype=np.int64)
+    logits = session.run(None, _feeds(ids, np.ones_like(ids), np.arange(len(tokens))[None], empty))[0]
+    reference = _reference(model, tokens)
+    np.testing.assert_allclose(logits[0], reference, atol=2e-2 * np.abs(reference).max())
+    assert (logits[0].argmax(-1) == reference.argmax(-1)).all()
