@@ -134,3 +134,25 @@ def test_a_llama_is_written_with_fused_operators_and_its_fp16_follows_pytorch(tm
     reference = _reference(model, tokens)
     np.testing.assert_allclose(logits[0], reference, atol=2e-2 * np.abs(reference).max())
     assert (logits[0].argmax(-1) == reference.argmax(-1)).all()
+
+
+def test_a_llama_the_fused_graph_does_not_cover_is_traced_and_still_equals_pytorch(tmp_path: Path) -> None:
+    """A rope whose angles depend on the sequence's length (dynamic NTK scaling) cannot be a fixed cos/sin
+    table: such a Llama goes the traced way, and its logits are still PyTorch's."""
+    import onnx
+
+    from export.llama_graph import fuses
+    from tests.tiny_models import tiny_llama
+
+    model = tiny_llama(vocab_size=300, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert not fuses(model.config) and fuses(tiny_llama(vocab_size=300).config)
+    path = tmp_path / "model.onnx"
+    export_appending_decoder(model, path, opset=17)
+    assert "RotaryEmbedding" not in {node.op_type for node in onnx.load(str(path)).graph.node}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    tokens = [5, 17, 42, 7]
+    layers, _, kv_heads, head_dim = decoder_shape(model.config)
+    empty = [np.zeros((1, kv_heads, 0, head_dim), dtype=np.float32)] * (2 * layers)
+    ids = np.array([tokens], dtype=np.int64)
+    logits = session.run(None, _feeds(ids, np.ones_like(ids), np.arange(len(tokens))[None], empty))[0]
+    np.testing.assert_allclose(logits[0], _reference(model, tokens), atol=1e-4)
