@@ -4,7 +4,7 @@ outputs, `present` only the new positions) in a tenth of the nodes.
 Traced through torch.onnx, a Llama layer became ~90 nodes after ONNX Runtime's fusions, most of them shape
 arithmetic (Shape, Gather, Unsqueeze, Concat) that every `view` and `rotate_half` re-derives per layer; on a
 CPU each node costs a dispatch, and they were over half of a 12-layer draft's decode step (SmolLM2's student,
-batch 1: its 8-bit matrix multiplies 45 % of the kernel time). Here each layer is ~30 nodes, the shapes
+batch 1: its 8-bit matrix multiplies 45 % of the kernel time). Here each layer is ~35 nodes, the shapes
 computed once per call and the rest ONNX Runtime's fused operators:
 
     (x, h) = SkipSimplifiedLayerNormalization(out, h)       residual add + RMSNorm in one
@@ -29,7 +29,9 @@ import numpy as np
 
 from export.tasks import decoder_shape
 
-STATIC_ROPE = ("default", "linear", "llama3", "yarn", "longrope")  # the angle depends on the position only
+# Ropes whose angle depends on the position only (a table); "dynamic" and "longrope" change with the length.
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+ONE_FILE_BYTES = 2**31 - 2**26  # protobuf's 2 GB limit on one ONNX file, less room for the graph itself
 MASKED = float(np.finfo(np.float32).min)  # a masked score, as torch's masked_fill with finfo.min
 
 
@@ -293,7 +295,15 @@ def _model(g: _Graph, layers: int, kv_heads: int, head_dim: int, vocab: int) -> 
 
 
 def export_fused_llama(model: Any, out: Path) -> None:
-    """Write `fused_llama(model)` to `out` (weights inline: a 135 M-parameter model is ~540 MB in fp32)."""
+    """Write `fused_llama(model)` to `out`, weights inline (a 135 M-parameter model is ~540 MB in fp32); a
+    model past one file's 2 GB is refused with a message before the graph is built (the repository holds
+    one file a variant)."""
     import onnx
 
+    size = sum(p.numel() for p in model.parameters()) * 4
+    if size > ONE_FILE_BYTES:
+        raise ValueError(
+            f"{size / 2**30:.1f} GiB of fp32 weights: more than one ONNX file holds (2 GB), and the model "
+            "repository keeps one file a variant; export a smaller model"
+        )
     onnx.save(fused_llama(model), str(out))
