@@ -69,6 +69,7 @@ class DeviceEngine(Engine, Protocol):
 
 
 IoBinding = Literal["auto", "on", "off"]
+Spinning = Literal["run", "off"]
 
 
 def cgroup_cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
@@ -122,7 +123,12 @@ def preload_cuda_libraries() -> None:
 
 
 def _session_options(
-    intra_op_threads: int, inter_op_threads: int, bounded_memory: bool, *, optimize: bool
+    intra_op_threads: int,
+    inter_op_threads: int,
+    bounded_memory: bool,
+    spinning: Spinning,
+    *,
+    optimize: bool,
 ) -> ort.SessionOptions:
     """`optimize=False` opens a graph ONNX Runtime optimised and wrote earlier (service/graph_cache.py)."""
     options = ort.SessionOptions()
@@ -131,8 +137,13 @@ def _session_options(
     )
     options.intra_op_num_threads = intra_op_threads or available_cores()
     options.inter_op_num_threads = inter_op_threads
-    # Spinning threads steal the cores the event loop and tokenizer need under a server.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # "run": the pool's threads spin between a call's operators (a sleeping thread is woken for each of a
+    # decoder's ~1,000 operators a step otherwise) and stop when the call returns, so that an idle session
+    # never spins against a busy one (a teacher and its draft, a cascade's two models) or the frontends.
+    # ONNX Runtime's own default, spinning between calls too, halved a drafted teacher's speed on 2 cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning == "run" else "0")
+    if spinning == "run":
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.log_severity_level = 3
     if bounded_memory:
         # ONNX Runtime plans and keeps a memory pattern (one block sized for the run) for every new
@@ -161,12 +172,15 @@ class OrtEngine:
         bounded_memory: bool = True,
         io_binding: IoBinding = "auto",
         cached_graph: Path | None = None,
+        spinning: Spinning = "run",
     ) -> None:
         """`model_path`: a file, or a serialized model (a helper graph such as generation/row_graph.py's).
         `bounded_memory=False` keeps ONNX Runtime's memory defaults (only to measure what they cost).
         `io_binding`: auto binds on CUDA only (on a CPU plain `run` is as fast: see `binds_io`).
         `cached_graph`: where this file's optimised graph is kept between starts (service/graph_cache.py):
-        opened from there when it exists, written there when not; CPU sessions only."""
+        opened from there when it exists, written there when not; CPU sessions only.
+        `spinning`: whether the intra-op threads spin while a call runs ("run") or sleep between operators
+        ("off"); see `_session_options`."""
         wanted = choose_providers(device)
         if CUDA in wanted:
             preload_cuda_libraries()
@@ -175,7 +189,9 @@ class OrtEngine:
             cached_graph = None
         self.from_cached_graph = False
         if cached_graph is not None and cached_graph.exists():
-            options = _session_options(intra_op_threads, inter_op_threads, bounded_memory, optimize=False)
+            options = _session_options(
+                intra_op_threads, inter_op_threads, bounded_memory, spinning, optimize=False
+            )
             try:
                 self._session = ort.InferenceSession(
                     str(cached_graph), sess_options=options, providers=wanted
@@ -185,7 +201,9 @@ class OrtEngine:
             except Exception:  # ORT raises its own types; the exported graph is still there
                 graph_cache.forget(cached_graph)
         if not self.from_cached_graph:
-            options = _session_options(intra_op_threads, inter_op_threads, bounded_memory, optimize=True)
+            options = _session_options(
+                intra_op_threads, inter_op_threads, bounded_memory, spinning, optimize=True
+            )
             if cached_graph is not None and graph_cache.prepare(cached_graph):
                 written = graph_cache.writing_path(cached_graph)
                 options.optimized_model_filepath = str(written)

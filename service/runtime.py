@@ -103,6 +103,7 @@ def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) 
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         io_binding=settings.io_binding,
+        spinning=settings.thread_spinning,
         cached_graph=graph_cache.cached_graph(settings.graph_cache_dir, spec.sha256)
         if settings.graph_cache_dir is not None
         else None,

@@ -1,7 +1,8 @@
 """How many threads a decoder's engine call runs on a CPU, decided by timing the candidates at start-up.
 
-A decode step of a small student is a few hundred microseconds of small operators; spread over two threads
-that do not spin, each operator also waits for the second thread to wake, and the step gets slower. A big
+A decode step of a small student is a few hundred microseconds of small operators; spread over two threads,
+each operator also waits for the second thread (to wake, where DISTILSERVE_THREAD_SPINNING=off; to be
+scheduled, where it spins on a busy machine), and the step can get slower. A big
 model's operators are long enough to split. Where the line falls depends on the model and the machine, so
 the engine core times one busy decode step with each candidate and keeps the faster. Measured on the 2-core
 CPU (ONNX Runtime alone, past 48, ms a step at batch 1 / 16): the demo LM (int8) 0.15 / 0.36 on one thread
