@@ -212,6 +212,7 @@ def export_appending_decoder(model: Any, out: Path, opset: int, traced: bool = F
     node with ONNX Runtime's fused operators where it can (export/llama_graph.py; `traced` forces the
     torch.onnx trace of the modules above, the way every other decoder goes)."""
     from export.llama_graph import export_fused_llama, fuses
+    from export.onnx_files import consolidate
 
     if not traced and fuses(model.config):
         export_fused_llama(model, out)
@@ -255,3 +256,4 @@ def export_appending_decoder(model: Any, out: Path, opset: int, traced: bool = F
             # int8 would then quantize the table it no longer sees shared (ORT folds it when loading).
             do_constant_folding=False,
         )
+    consolidate(out)  # past 2 GB torch.onnx writes a file a tensor; the repository keeps one a variant

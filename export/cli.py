@@ -36,7 +36,7 @@ def _summary(result: ExportResult) -> Table:
         greedy = r.parity.greedy_match
         table.add_row(
             r.variant if r.recipe is None else f"{r.variant} ({r.recipe})",
-            f"{r.size_bytes / 1e6:.2f}",
+            f"{(r.size_bytes + r.data_bytes) / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
             f"{r.parity.top1_agreement if r.parity.min_cosine is None else r.parity.min_cosine:.4f}",
             "eval" if r.parity.eval_rows else "random",

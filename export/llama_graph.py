@@ -31,7 +31,6 @@ from export.tasks import decoder_shape
 
 # Ropes whose angle depends on the position only (a table); "dynamic" and "longrope" change with the length.
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-ONE_FILE_BYTES = 2**31 - 2**26  # protobuf's 2 GB limit on one ONNX file, less room for the graph itself
 MASKED = float(np.finfo(np.float32).min)  # a masked score, as torch's masked_fill with finfo.min
 
 
@@ -295,15 +294,8 @@ def _model(g: _Graph, layers: int, kv_heads: int, head_dim: int, vocab: int) -> 
 
 
 def export_fused_llama(model: Any, out: Path) -> None:
-    """Write `fused_llama(model)` to `out`, weights inline (a 135 M-parameter model is ~540 MB in fp32); a
-    model past one file's 2 GB is refused with a message before the graph is built (the repository holds
-    one file a variant)."""
-    import onnx
+    """Write `fused_llama(model)` to `out`; weights past one file's 2 GB (a Llama of ~500 M parameters or
+    more in fp32) beside it as external data (export/onnx_files.py)."""
+    from export.onnx_files import save
 
-    size = sum(p.numel() for p in model.parameters()) * 4
-    if size > ONE_FILE_BYTES:
-        raise ValueError(
-            f"{size / 2**30:.1f} GiB of fp32 weights: more than one ONNX file holds (2 GB), and the model "
-            "repository keeps one file a variant; export a smaller model"
-        )
-    onnx.save(fused_llama(model), str(out))
+    save(fused_llama(model), out)

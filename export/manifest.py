@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 from common.provenance import git_revision, sha256_of
 from export.chat import chat_spec
 from export.onnx_export import describe_graph
+from export.onnx_files import external_data
 from export.tasks import TaskSpec
 from export.variants import DRAFT_VARIANTS, VARIANT_DEVICE, VARIANT_FILES, VARIANT_PRECISION
 from service.manifest import (
     CascadeCalibration,
     DistillationRecord,
+    ExternalData,
     GenerationLayout,
     Manifest,
     ModelScore,
@@ -28,6 +30,14 @@ from service.manifest import (
 
 if TYPE_CHECKING:
     from export.variants import VariantResult
+
+
+def external_data_spec(graph: Path) -> ExternalData | None:
+    """The file beside `graph` holding its weights, as the manifest lists it (None: they are inside it)."""
+    data = external_data(graph)
+    if data is None:
+        return None
+    return ExternalData(file=data.name, size_bytes=data.stat().st_size, sha256=sha256_of(data))
 
 
 def distillation_record(model_dir: Path) -> DistillationRecord | None:
@@ -79,6 +89,7 @@ def manifest_builder(
             recipe=r.recipe,
             refused_recipes=r.tried,
             drafts_only=v in DRAFT_VARIANTS,
+            data=external_data_spec(r.path),
         )
         for v, r in passed.items()
     }

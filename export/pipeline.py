@@ -18,6 +18,7 @@ from export.chat import chat_spec
 from export.greedy import greedy_match
 from export.manifest import manifest_builder
 from export.onnx_export import export_onnx
+from export.onnx_files import external_data
 from export.parity import BOUNDS, NOT_CHECKED, Feeds, Outputs, ParityReport, compare
 from export.repository import write_version
 from export.tasks import (
@@ -180,7 +181,9 @@ def _judged(
 ) -> VariantResult:
     progress(f"parity check: {variant} vs PyTorch")
     report, problems = parity.judge(variant, path)
-    return VariantResult(variant, path, report, problems, seconds, path.stat().st_size)
+    data = external_data(path)
+    data_bytes = data.stat().st_size if data is not None else 0
+    return VariantResult(variant, path, report, problems, seconds, path.stat().st_size, data_bytes=data_bytes)
 
 
 def _variant(
@@ -332,6 +335,7 @@ def export_model(
         if not tokenizer_file.is_file():
             raise ExportError(f"{model_dir} has no fast tokenizer (tokenizer.json); the service needs one")
         files = {VARIANT_FILES[v]: r.path for v, r in passed.items()} | {"tokenizer.json": tokenizer_file}
+        files |= {data.name: data for r in passed.values() if (data := external_data(r.path)) is not None}
         rejected = {r.variant: "; ".join(r.problems) for r in result.variants if not r.passed}
         manifest_for = manifest_builder(
             name,

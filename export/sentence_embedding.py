@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from export.onnx_files import save
 from service.manifest import EmbeddingSpec
 from training.embeddings import SentenceEncoder, pool
 
@@ -120,4 +121,4 @@ def _fix_width(path: Path, outputs: list[str], width: int) -> None:
             dims = value.type.tensor_type.shape.dim
             dims[1].Clear()
             dims[1].dim_value = width
-    onnx.save(model, str(path))
+    save(model, path)

@@ -39,9 +39,10 @@ class VariantResult:
     parity: ParityReport
     problems: list[str]
     seconds: float
-    size_bytes: int
+    size_bytes: int  # the graph file's
     recipe: str | None = None  # int8: the recipe this graph was quantized with (Int8Recipe)
     tried: list[str] = field(default_factory=list)  # int8: the recipes the gate refused first, and why
+    data_bytes: int = 0  # its weights' file beside it, where they are not inside (export/onnx_files.py)
 
     @property
     def passed(self) -> bool:
@@ -106,6 +107,8 @@ def build_int8(fp32: Path, out: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from export.onnx_files import ONE_FILE_BYTES, save, weight_bytes
+
     if recipe.method not in ("dynamic", "weight-only"):
         raise ValueError(f"unknown int8 method {recipe.method!r}")
     model = onnx.load(str(fp32))
@@ -116,11 +119,12 @@ def build_int8(fp32: Path, out: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None
         rewritten = Path(tmp) / "model.onnx"
         if recipe.method == "weight-only":
             model = _weight_only(model, recipe.block_size, kept)
-        onnx.save(model, str(rewritten))
+        quantized_bytes = weight_bytes(model) // 4  # at most: what stays fp32 is small
+        save(model, rewritten)
         matmuls = ["MatMul"] if recipe.method == "dynamic" else []
         embeddings = ["Gather"] if recipe.embeddings else []
         if not matmuls + embeddings:
-            shutil.copy(rewritten, out)
+            save(onnx.load(str(rewritten)), out)
             return
         quantize_dynamic(
             rewritten,
@@ -130,6 +134,8 @@ def build_int8(fp32: Path, out: Path, recipe: Int8Recipe = DEFAULT_INT8) -> None
             nodes_to_exclude=tied_embedding_lookups(model.graph) + kept,
             per_channel=recipe.per_channel,
             reduce_range=recipe.reduce_range,
+            # ONNX Runtime names the weights' file as export.onnx_files does (`out` + ".data")
+            use_external_data_format=quantized_bytes > ONE_FILE_BYTES,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
         )
 
@@ -240,11 +246,13 @@ def build_draft(fp32: Path, out: Path) -> None:
     fp32), at a top-1 agreement with fp32 of 0.93."""
     import onnx
 
+    from export.onnx_files import save
+
     model = onnx.load(str(fp32))
     untie_embeddings(model.graph)
     with tempfile.TemporaryDirectory() as tmp:
         untied = Path(tmp) / "model.onnx"
-        onnx.save(model, str(untied))
+        save(model, untied)
         build_int8(untied, out, DRAFT_INT8)
 
 
@@ -267,8 +275,9 @@ def build_fp16(fp32: Path, out: Path) -> None:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True)
-    onnx.save(model, str(out))
+    from export.onnx_files import save
+
+    save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), out)
 
 
 def build_variant(variant: str, export_dir: Path, fp32: Path, out_dir: Path) -> Path:

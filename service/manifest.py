@@ -41,6 +41,15 @@ class TensorSpec(_Strict):
     shape: list[int | str]
 
 
+class ExternalData(_Strict):
+    """A variant's weights beside its graph (ONNX external data: a model past protobuf's 2 GB a file), named
+    as the graph names it; checked as the graph is."""
+
+    file: str
+    size_bytes: int = Field(gt=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class VariantSpec(_Strict):
     """One ONNX file of the model and the evidence that it matches the PyTorch reference."""
 
@@ -56,6 +65,7 @@ class VariantSpec(_Strict):
     # Run only to draft for the model's teacher (speculative decoding), never to answer: the teacher checks
     # every token it proposes, so it may keep fewer of its model's answers than a served variant must.
     drafts_only: bool = False
+    data: ExternalData | None = None  # where its weights are not inside `file` (None: they are)
 
 
 class TokenizerSpec(_Strict):

@@ -97,6 +97,7 @@ def read_version(directory: Path, verify_checksums: bool = True) -> ModelVersion
         raise RepositoryError(manifest_path, f"version {manifest.version} but directory {directory.name!r}")
     listed: list[tuple[str, str, int | None]] = [(manifest.tokenizer.file, manifest.tokenizer.sha256, None)]
     listed += [(v.file, v.sha256, v.size_bytes) for v in manifest.variants.values()]
+    listed += [(v.data.file, v.data.sha256, v.data.size_bytes) for v in manifest.variants.values() if v.data]
     for relative, sha256, size in listed:
         path = directory / relative
         if not path.is_file():

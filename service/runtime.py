@@ -96,6 +96,9 @@ def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
 
 def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
     spec = version.manifest.variants[variant]
+    # Weights beside the graph (past 2 GB) are not cached: ONNX Runtime writes an optimised graph as one file
+    # (which they do not fit in) that still points at the exported weights' file by a relative name.
+    cached = settings.graph_cache_dir is not None and spec.data is None
     return OrtEngine(
         version.file(spec.file),
         device=settings.device,
@@ -105,7 +108,7 @@ def ort_engine_factory(version: ModelVersion, variant: str, settings: Settings) 
         io_binding=settings.io_binding,
         spinning=settings.thread_spinning,
         cached_graph=graph_cache.cached_graph(settings.graph_cache_dir, spec.sha256)
-        if settings.graph_cache_dir is not None
+        if cached and settings.graph_cache_dir is not None
         else None,
     )
 

@@ -156,18 +156,3 @@ def test_a_llama_the_fused_graph_does_not_cover_is_traced_and_still_equals_pytor
     ids = np.array([tokens], dtype=np.int64)
     logits = session.run(None, _feeds(ids, np.ones_like(ids), np.arange(len(tokens))[None], empty))[0]
     np.testing.assert_allclose(logits[0], _reference(model, tokens), atol=1e-4)
-
-
-def test_a_llama_past_one_onnx_file_is_refused_with_a_message(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """ONNX files stop at 2 GB (protobuf): a larger Llama is told so before any graph is built, and nothing
-    is written (the limit lowered here to the tiny model's size)."""
-    from export import llama_graph
-    from tests.tiny_models import tiny_llama
-
-    model = tiny_llama(vocab_size=300)
-    monkeypatch.setattr(llama_graph, "ONE_FILE_BYTES", 1000)
-    with pytest.raises(ValueError, match="more than one ONNX file holds"):
-        export_appending_decoder(model, tmp_path / "model.onnx", opset=17)
-    assert not (tmp_path / "model.onnx").exists()

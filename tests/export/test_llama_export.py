@@ -141,3 +141,55 @@ def test_only_a_generation_student_gets_a_draft_variant(
         said.output.split()
     )
     assert not (tmp_path / "cli" / "llama" / "1" / "model.draft.onnx").exists()
+
+
+def test_a_llama_past_one_files_limit_exports_serves_and_is_checked_with_its_weights_beside_it(
+    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past protobuf's 2 GB (a Llama of ~500 M parameters in fp32; the limit lowered here to the tiny
+    model's size) every variant's weights go into one file beside its graph: the repository lists and
+    checks it, the service opens it (without caching its optimised graph, which would not fit one file
+    either), and the greedy text is still PyTorch's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from export import onnx_files
+    from service.repository import RepositoryError
+    from service.runtime import ort_engine_factory
+    from service.settings import Settings
+
+    monkeypatch.setattr(onnx_files, "ONE_FILE_BYTES", 1000)
+    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir)
+    variants = ("fp32", "int8", "draft")
+    repository = tmp_path / "repo"
+    result = export_model(
+        tiny_llama_dir, "text-generation", "llama", repository, variants, eval_data=eval_text, pair=pair
+    )
+    assert {r.variant: r.problems for r in result.variants} == {v: [] for v in variants}
+    assert result.version_dir is not None
+    version = read_version(result.version_dir)
+    for variant in variants:
+        spec = version.manifest.variants[variant]
+        assert spec.data is not None and spec.data.file == f"{spec.file}.data"
+        assert (result.version_dir / spec.data.file).stat().st_size == spec.data.size_bytes
+        assert (result.version_dir / spec.file).stat().st_size < spec.data.size_bytes
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    layout = generation_layout(model.config, tokenizer)
+    prompt = tokenizer("Acme was founded by John Smith in 1950")["input_ids"]
+    settings = Settings(device="cpu", graph_cache_dir=tmp_path / "graphs")
+    expected = greedy_torch(model, prompt, 16, layout.eos_token_id)
+    for variant in ("fp32", "int8"):
+        engine = ort_engine_factory(version, variant, settings)
+        assert greedy_onnx(engine._session, layout, prompt, 16) == expected  # type: ignore[attr-defined]
+    assert not list((tmp_path / "graphs").glob("*.onnx"))
+
+    weights = result.version_dir / "model.onnx.data"
+    corrupted = bytearray(weights.read_bytes())
+    corrupted[100] ^= 0xFF
+    weights.write_bytes(bytes(corrupted))
+    with pytest.raises(RepositoryError, match="sha256 does not match"):
+        read_version(result.version_dir)
+    weights.unlink()
+    with pytest.raises(RepositoryError, match="missing"):
+        read_version(result.version_dir)
