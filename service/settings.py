@@ -82,8 +82,8 @@ class Settings(BaseSettings):
     thread_spinning: Literal["run", "off"] = Field(
         "run",
         description="run: ONNX Runtime's intra-op threads spin between a call's operators and sleep once "
-        "it returns (a SmolLM2 decode step ~1.1x faster on 2 cores, encoders as fast or faster); off: they "
-        "sleep between operators too (the engine's behaviour before 2026-11-27).",
+        "it returns (a SmolLM2 decode step ~1.1x faster on 2 cores; a single-threaded call has none); "
+        "off: they sleep between operators too (the engine's behaviour before 2026-11-27).",
     )
     max_batch_size: int = Field(32, ge=1, description="Most requests (sequences) in one engine call.")
     max_batch_tokens: int = Field(
