@@ -234,6 +234,14 @@ def main(
             "agree with the teacher alone; the lowest threshold that reaches it is written.",
         ),
     ] = 0.99,
+    draft_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Build the draft variant from this checkpoint (HF directory, the model's tokenizer) instead "
+            "of the model's own: e.g. a copy of the student tuned on its teacher's greedy text, which drafts "
+            "better, while the student answers with its own weights."
+        ),
+    ] = None,
     opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated parity inputs.")] = 0,
 ) -> None:
@@ -252,6 +260,12 @@ def main(
         print_error("--teacher names an exported teacher: give its HF directory as --teacher-dir too")
         raise typer.Exit(2)
     drafts = DRAFT_VARIANTS & set(wanted)
+    if draft_from is not None and not (drafts and teacher_dir is not None and task == "text-generation"):
+        print_error("--draft-from builds the draft variant: a text-generation student's, with --teacher-dir")
+        raise typer.Exit(2)
+    if draft_from is not None and not (draft_from / "config.json").is_file():
+        print_error(f"--draft-from {draft_from} is not an HF model directory (no config.json)")
+        raise typer.Exit(2)
     if drafts and variants != DEFAULT_VARIANTS and (task != "text-generation" or teacher_dir is None):
         print_warning(
             f"{', '.join(sorted(drafts))} not built: only a text-generation student exported with its "
@@ -265,7 +279,7 @@ def main(
                 seed=seed, eval_data=eval_data, max_length=max_length,
             )  # fmt: skip
             found = _pair(teacher_dir, teacher, teacher_name or f"{name}-teacher", export_teacher, eval_data)
-            pair = PairSpec(found.teacher, found.teacher_dir, cascade_target)
+            pair = PairSpec(found.teacher, found.teacher_dir, cascade_target, draft_from)
         result = _export(
             model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data, max_length, pair
         )

@@ -90,6 +90,7 @@ def manifest_builder(
             refused_recipes=r.tried,
             drafts_only=v in DRAFT_VARIANTS,
             data=external_data_spec(r.path),
+            source=r.source,
         )
         for v, r in passed.items()
     }

@@ -101,6 +101,9 @@ class PairSpec:
     teacher: TeacherRef
     teacher_dir: Path
     target: float = 0.99
+    # The draft variant built from this checkpoint instead of the student's own (same tokenizer): e.g. a copy
+    # tuned on the teacher's greedy text, which drafts better than the student answers (docs/benchmarks.md).
+    draft_from: Path | None = None
 
 
 @dataclass
@@ -235,6 +238,33 @@ def _build_and_judge(
     return outcome
 
 
+def _draft_from(
+    source_dir: Path,
+    spec: TaskSpec,
+    tokenizer: Any,
+    max_length: int,
+    eval_data: Path | None,
+    seed: int,
+    opset: int | None,
+    require_eval_data: bool,
+    work: Path,
+    progress: Callable[[str], None],
+) -> VariantResult:
+    """The draft variant built from another checkpoint of the same tokenizer, and judged against that
+    checkpoint's own PyTorch outputs (what the gate guards is the build, as for the student's own draft:
+    every token it proposes is checked by the teacher)."""
+    progress(f"loading the draft's checkpoint {source_dir}")
+    source, source_tokenizer = load_reference(source_dir, spec)
+    if source_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ExportError(f"{source_dir}: not the model's tokenizer, so it cannot draft for its teacher")
+    parity = _prepare_parity(spec, source, tokenizer, max_length, eval_data, seed)
+    parity.require_eval_data = require_eval_data
+    source_fp32 = export_onnx(source_dir, spec.task, work / "draft-source", opset)
+    outcome = _variant("draft", work / "draft-source", source_fp32, work, parity, progress)
+    outcome.source = str(source_dir)
+    return outcome
+
+
 def _name(recipe: Int8Recipe | None) -> str | None:
     return None if recipe is None else recipe.name
 
@@ -326,6 +356,10 @@ def export_model(
         fp32 = export_onnx(model_dir, task, export_dir, opset)
         result.variants.append(_judged("fp32", fp32, time.perf_counter() - started, parity, progress))
         for variant in [v for v in ALL_VARIANTS if v in variants and v != "fp32"]:
+            if variant in DRAFT_VARIANTS and pair is not None and pair.draft_from is not None:
+                source = (pair.draft_from, spec, tokenizer, max_length, eval_data, seed, opset)
+                result.variants.append(_draft_from(*source, parity.require_eval_data, work, progress))
+                continue
             result.variants.append(_variant(variant, export_dir, fp32, work, parity, progress))
         passed = {r.variant: r for r in result.variants if r.passed}
         if "fp32" not in passed:

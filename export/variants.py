@@ -43,6 +43,7 @@ class VariantResult:
     recipe: str | None = None  # int8: the recipe this graph was quantized with (Int8Recipe)
     tried: list[str] = field(default_factory=list)  # int8: the recipes the gate refused first, and why
     data_bytes: int = 0  # its weights' file beside it, where they are not inside (export/onnx_files.py)
+    source: str | None = None  # the checkpoint it was built from, where not the model's own (a draft)
 
     @property
     def passed(self) -> bool:

@@ -66,6 +66,9 @@ class VariantSpec(_Strict):
     # every token it proposes, so it may keep fewer of its model's answers than a served variant must.
     drafts_only: bool = False
     data: ExternalData | None = None  # where its weights are not inside `file` (None: they are)
+    # The checkpoint it was built from where not the model's own: a draft from a copy of the student tuned
+    # to draft (export --draft-from), so that the student keeps answering with its own weights.
+    source: str | None = None
 
 
 class TokenizerSpec(_Strict):

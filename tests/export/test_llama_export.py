@@ -193,3 +193,60 @@ def test_a_llama_past_one_files_limit_exports_serves_and_is_checked_with_its_wei
     weights.unlink()
     with pytest.raises(RepositoryError, match="missing"):
         read_version(result.version_dir)
+
+
+def test_a_draft_built_from_another_checkpoint_is_judged_against_it_and_the_student_keeps_its_own(
+    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """`--draft-from`: the draft variant comes from a copy of the student tuned to draft (here: other
+    weights altogether), gated on its own checkpoint's answers, named in the manifest; the variant that
+    answers stays the student's. A checkpoint of another tokenizer cannot draft and is refused."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from export.pipeline import ExportError
+
+    tuned = tmp_path / "tuned"  # the student's weights moved far enough to answer otherwise
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.1)
+    model.save_pretrained(tuned)
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(tuned)
+    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir, draft_from=tuned)
+    result = export_model(
+        tiny_llama_dir, "text-generation", "llama", tmp_path / "repo", ("fp32", "draft"), eval_data=eval_text,
+        pair=pair,
+    )  # fmt: skip
+    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "draft": []}
+    assert result.version_dir is not None
+    manifest = read_version(result.version_dir).manifest
+    assert manifest.variants["draft"].source == str(tuned) and manifest.variants["fp32"].source is None
+
+    ids = np.array([[5, 17, 42, 7, 99, 3]], dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
+    for layer in range(2):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{layer}.{kind}"] = np.zeros((1, 2, 0, 16), dtype=np.float32)
+
+    def top1(path: Path) -> np.ndarray:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(["logits"], feeds)[0][0].argmax(-1)
+
+    def torch_top1(model_dir: Path) -> np.ndarray:
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        with torch.no_grad():
+            return model(input_ids=torch.from_numpy(ids)).logits[0].numpy().argmax(-1)
+
+    assert (top1(result.version_dir / "model.onnx") == torch_top1(tiny_llama_dir)).all()
+    drafted = top1(result.version_dir / "model.draft.onnx")
+    assert (drafted == torch_top1(tuned)).mean() > (drafted == torch_top1(tiny_llama_dir)).mean()
+
+    other = PairSpec(pair.teacher, tiny_llama_dir, draft_from=tiny_models["text-generation"])  # GPT-2's BPE
+    with pytest.raises(ExportError, match="not the model's tokenizer"):
+        export_model(
+            tiny_llama_dir, "text-generation", "llama", tmp_path / "repo", ("fp32", "draft"),
+            eval_data=eval_text, pair=other,
+        )  # fmt: skip

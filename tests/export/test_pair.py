@@ -103,3 +103,15 @@ def test_without_eval_data_the_pair_is_named_but_not_calibrated(tmp_path: Path) 
     student = manifest(repository, "mlm")
     assert student.teacher is not None and student.teacher.name == "mlm-teacher"  # exported first, v1
     assert student.cascade is None and "no cascade threshold was calibrated" in result.output
+
+
+def test_draft_from_is_refused_where_no_draft_is_built(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """--draft-from names where the draft variant comes from: without a draft to build (a teacher to draft
+    for, the variant asked for) it is a mistake, said before anything is exported."""
+    base = [str(tiny_llama_dir), "--task", "text-generation", "--name", "lm", "--repository", str(tmp_path)]
+    lone = CliRunner().invoke(app, [*base, "--variants", "fp32,draft", "--draft-from", str(tiny_llama_dir)])
+    assert lone.exit_code == 2 and "--teacher-dir" in lone.output
+    paired = [*base, "--teacher-dir", str(tiny_llama_dir), "--variants", "fp32,draft"]
+    nowhere = CliRunner().invoke(app, [*paired, "--draft-from", str(tmp_path / "nothing")])
+    assert nowhere.exit_code == 2 and "not an HF model directory" in nowhere.output
+    assert not any(tmp_path.iterdir())  # nothing exported
