@@ -40,7 +40,9 @@
 # `circuits` keeps the teacher's copying circuit, training/circuits.py, or a list), LM_RAW (set: the text as
 # written, line breaks and headings kept, for cache and score; default: prose lines), LM_INIT (an earlier
 # student's directory to continue, e.g. on LM_RAW text, in place of a cut of the teacher; LM_LR, its peak
-# learning rate, 3e-4), LM_BLOCK (tokens a block,
+# learning rate, 3e-4), LM_DRAFT_FROM (a checkpoint the draft variant is built from instead of this student,
+# `export --draft-from`: e.g. a copy of it tuned on its teacher's greedy text, which drafts better while the
+# student answers with its own weights; docs/benchmarks.md), LM_BLOCK (tokens a block,
 # cached, trained and scored: 256; a student for long prompts wants 2048 with LM_BATCH=4); another block size
 # or depth gets its own cache and student directory. Version 4 in docs/benchmarks.md (1.23x on 256-token
 # blocks, 2.18x with 2,048 tokens of context) is the even 10-layer recipe on train and 4,352 of the teacher's
@@ -87,6 +89,7 @@ LM_LAYER_MAP=${LM_LAYER_MAP:-}
 LM_BLOCK=${LM_BLOCK:-256}
 LM_RAW=${LM_RAW:+--raw}
 LM_INIT=${LM_INIT:-}
+LM_DRAFT_FROM=${LM_DRAFT_FROM:-}
 LM_LR=${LM_LR:-3e-4}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
@@ -232,7 +235,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
     --batch-size 4
   timed smollm2-student-export $PY -m export "$student" --task text-generation --name smollm2 \
     --repository "$d/models" --variants fp32,int8,draft --eval-data "$DATA/wikitext2_raw_valid.txt" \
-    --teacher smollm2-teacher --teacher-dir "$d/teacher"
+    --teacher smollm2-teacher --teacher-dir "$d/teacher" ${LM_DRAFT_FROM:+--draft-from "$LM_DRAFT_FROM"}
 }
 
 embed_steps() {  # the --max-steps option, when EMBED_STEPS is set
