@@ -23,11 +23,14 @@ other than SiLU) are exported the traced way (`fuses`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from export.tasks import decoder_shape
+
+if TYPE_CHECKING:
+    from export.onnx_files import WeightsFile
 
 # Ropes whose angle depends on the position only (a table); "dynamic" and "longrope" change with the length.
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -49,12 +52,13 @@ def fuses(config: Any) -> bool:
 class _Graph:
     """Nodes, initializers and unique names for one ModelProto."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: WeightsFile | None = None) -> None:
         from onnx import NodeProto, TensorProto
 
         self.nodes: list[NodeProto] = []
         self.weights: list[TensorProto] = []
         self.count = 0
+        self.sink = sink  # where each weight's bytes go as it is made (None: inside the graph)
 
     def op(
         self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs: Any
@@ -77,7 +81,10 @@ class _Graph:
     def weight(self, name: str, array: np.ndarray) -> str:
         from onnx import numpy_helper
 
-        self.weights.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        if self.sink is not None:
+            self.weights.append(self.sink.tensor(array, name))
+        else:
+            self.weights.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
     def rms_norm(self, x: str, weight: str, eps: float) -> str:
@@ -130,14 +137,15 @@ def _rotary_tables(model: Any, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     return cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
 
 
-def fused_llama(model: Any) -> Any:
-    """The appending decoder of a LlamaForCausalLM as an onnx.ModelProto (opset 17 + com.microsoft)."""
+def fused_llama(model: Any, sink: WeightsFile | None = None) -> Any:
+    """The appending decoder of a LlamaForCausalLM as an onnx.ModelProto (opset 17 + com.microsoft); with
+    `sink`, its weights written there as they are made, the graph holding references to them."""
     from onnx import helper
 
     config, inner = model.config, model.model
     layers, heads, kv_heads, head_dim = decoder_shape(config)
     eps = float(config.rms_norm_eps)
-    g = _Graph()
+    g = _Graph(sink)
     _per_call(g, model, heads // kv_heads)
     g.ints("kv_shape", [0, 0, kv_heads, head_dim])
     g.ints("q_groups", [0, 0, kv_heads, heads // kv_heads, head_dim])
@@ -295,7 +303,14 @@ def _model(g: _Graph, layers: int, kv_heads: int, head_dim: int, vocab: int) -> 
 
 def export_fused_llama(model: Any, out: Path) -> None:
     """Write `fused_llama(model)` to `out`; weights past one file's 2 GB (a Llama of ~500 M parameters or
-    more in fp32) beside it as external data (export/onnx_files.py)."""
-    from export.onnx_files import save
+    more in fp32) into `out`.data as the graph is built (export/onnx_files.py)."""
+    import onnx
 
-    save(fused_llama(model), out)
+    from export import onnx_files
+
+    if sum(p.numel() for p in model.parameters()) * 4 <= onnx_files.ONE_FILE_BYTES:
+        onnx_files.save(fused_llama(model), out)
+        return
+    with onnx_files.WeightsFile(onnx_files.data_path(out)) as sink:
+        graph = fused_llama(model, sink)
+    onnx.save(graph, str(out))

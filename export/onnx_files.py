@@ -5,11 +5,15 @@ external data, in one file named after it (`model.onnx` -> `model.onnx.data`), w
 from __future__ import annotations
 
 from pathlib import Path
+from types import TracebackType
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 ONE_FILE_BYTES = 2**31 - 2**26  # protobuf's 2 GB limit on one ONNX file, less room for the graph itself
+INLINE_BYTES = 1024  # tensors smaller than this stay inside the graph (onnx's own default)
+ALIGN = 4096  # each tensor in the weights file starts at a page: ONNX Runtime can map it rather than copy
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -73,3 +77,40 @@ def consolidate(path: Path) -> None:
     except ValueError:
         pass  # several files: gathered into one below
     save(onnx.load(str(path)), path)
+
+
+class WeightsFile:
+    """Tensors written to `path` as a graph builder makes them, each returned as a reference to its bytes
+    there: a model past 2 GB is never whole in memory as ONNX tensors (a copy of all its weights, and a
+    second one to serialise them, beside the PyTorch model). Save the graph beside the file afterwards."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("wb")
+        self._offset = 0
+
+    def tensor(self, array: np.ndarray, name: str) -> onnx.TensorProto:
+        array = np.ascontiguousarray(array)
+        if array.nbytes < INLINE_BYTES:
+            return numpy_helper.from_array(array, name)
+        padding = -self._offset % ALIGN
+        self._file.write(b"\0" * padding)
+        self._offset += padding
+        tensor = onnx.TensorProto(
+            name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype)
+        )
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", self._offset), ("length", array.nbytes)):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self._file.write(array.data)  # C-contiguous: its bytes as they lie, no copy
+        self._offset += array.nbytes
+        return tensor
+
+    def __enter__(self) -> WeightsFile:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._file.close()

@@ -66,3 +66,23 @@ def test_weights_in_a_file_a_tensor_are_gathered_into_one(tmp_path: Path) -> Non
     consolidate(path)
     assert external_data(path) is None  # small enough for one file again
     np.testing.assert_array_equal(run(path), expected)
+
+
+def test_weights_written_as_they_are_made_compute_as_if_inside_the_graph(tmp_path: Path) -> None:
+    """A builder's WeightsFile: each large tensor's bytes go to the file at a page boundary as it is made,
+    small ones stay inline, and the graph saved beside the file computes as the all-inline one."""
+    model = two_layer_graph()
+    save(model, tmp_path / "inline.onnx")
+    path = tmp_path / "model.onnx"
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    bias = np.zeros(8, dtype=np.float32)  # 32 bytes: inline
+    with onnx_files.WeightsFile(data_path(path)) as sink:
+        tensors = [sink.tensor(array, name) for name, array in arrays.items()] + [sink.tensor(bias, "b")]
+    assert [t.data_location for t in tensors] == [TensorProto.EXTERNAL] * 2 + [TensorProto.DEFAULT]
+    offsets = [int(e.value) for t in tensors[:2] for e in t.external_data if e.key == "offset"]
+    assert offsets == [0, 4096]  # the second starts at the next page
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(tensors[:2])
+    onnx.save(model, str(path))
+    assert external_data(path) == data_path(path)
+    np.testing.assert_array_equal(run(path), run(tmp_path / "inline.onnx"))
