@@ -27,15 +27,17 @@ from pathlib import Path
 from service.batching import ClientWork
 from service.drafts import attach_drafts, follow_student
 from service.ipc import EngineUnavailableError, IndexRow, Placement
+from service.manifest import Manifest
 from service.memory import give_back_freed_memory
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError
-from service.repository import RepositoryError, read_version
+from service.repository import RepositoryError, read_manifest, read_version
 from service.runtime import (
     EngineFactory,
     EngineModel,
     StartupError,
     load_engine_model,
+    thread_spinning,
 )
 from service.settings import Settings
 from service.startup import StartupClock
@@ -123,6 +125,10 @@ class ModelControl:
         be whole (`DISTILSERVE_STRICT_REPOSITORY`)."""
         if not self.root.is_dir():
             raise StartupError(f"{self.root}: model repository directory does not exist")
+        if self.settings.thread_spinning == "auto":
+            spinning = thread_spinning(self._manifests_on_disk())
+            log.info("ONNX Runtime's threads: %s (DISTILSERVE_THREAD_SPINNING=auto)", spinning)
+            self.settings = self.settings.model_copy(update={"thread_spinning": spinning})
         async with self._lock:
             for name in self._names_on_disk():
                 if self.settings.model_control == "none":
@@ -148,6 +154,16 @@ class ModelControl:
 
     def _names_on_disk(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _manifests_on_disk(self) -> list[Manifest]:
+        """Each model's highest version's manifest that reads (the others are reported when loaded)."""
+        found = []
+        for name in self._names_on_disk():
+            versions = _versions_on_disk(self.root / name)
+            with contextlib.suppress(RepositoryError):
+                if versions:
+                    found.append(read_manifest(self.root / name / str(max(versions))))
+        return found
 
     # -- changes ------------------------------------------------------------------------------------------
 
