@@ -26,6 +26,7 @@ from pathlib import Path
 
 from service.batching import ClientWork
 from service.drafts import attach_drafts, follow_student
+from service.generation.tuning import thread_spinning
 from service.ipc import EngineUnavailableError, IndexRow, Placement
 from service.manifest import Manifest
 from service.memory import give_back_freed_memory
@@ -37,7 +38,6 @@ from service.runtime import (
     EngineModel,
     StartupError,
     load_engine_model,
-    thread_spinning,
 )
 from service.settings import Settings
 from service.startup import StartupClock

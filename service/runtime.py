@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import numpy as np
 
@@ -63,17 +62,6 @@ class EnginePlan:
     def settings(self, settings: Settings) -> Settings:
         """The settings an engine factory gets: the resolved thread count in place of `0 = auto`."""
         return settings.model_copy(update={"intra_op_threads": self.threads})
-
-
-def thread_spinning(manifests: list[Manifest]) -> Literal["run", "off"]:
-    """What DISTILSERVE_THREAD_SPINNING=auto means for an engine core serving these models: threads that spin
-    within a call where one decoder runs at a time (SmolLM2's teacher alone 1.21-1.27x the tokens/s at 1
-    stream, drafted 1.17-1.22x), sleeping ones where several decoders may be busy at once (two of them,
-    teacher and student each under load: 228-238 against 175-181 tokens/s with spinning). A student that
-    drafts for a teacher served beside it runs on the teacher's engine thread, so it is counted with it."""
-    decoders = {m.name: m for m in manifests if m.generation is not None}
-    alone = [m for m in decoders.values() if m.teacher is None or m.teacher.name not in decoders]
-    return "run" if len(alone) <= 1 else "off"
 
 
 def engine_plan(

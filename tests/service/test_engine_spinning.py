@@ -13,11 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from service.engine import OrtEngine
+from service.generation.tuning import thread_spinning
 from service.manifest import Manifest, TeacherRef
 from service.metrics import Metrics
 from service.model_control import ModelControl
 from service.repository import read_version
-from service.runtime import ort_engine_factory, thread_spinning
+from service.runtime import ort_engine_factory
 from service.settings import Settings
 from service.startup import StartupClock
 from tests.conftest import TASK_MODEL_NAMES
