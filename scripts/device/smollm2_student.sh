@@ -27,6 +27,11 @@
 # stop once the cache is built; the same command again (the machine still warm) skips the import and the
 # generation (a cache, once made, fixes its text) and trains: a long generation and a long training then
 # each get a call of their own (a call may run 10 minutes).
+# DEADLINE_S (set: the seconds the whole call may run, e.g. 590 for a 600-s call): training stops early
+# enough to leave SCORE_S (60) a recipe for scoring and 30 s for the pack; a recipe stopped there is saved
+# and says so ("run again to continue": the same command continues it from its checkpoint). Without it a call
+# that runs out is killed with nothing saved: an H200 trains two 12-layer recipes side by side at 8.5
+# steps/s each on blocks of 2,048 x 4 (16 alone), so STEPS set by hand must fit that.
 # Embeddings stay the teacher's (--freeze-embeddings): the student's own tensors are then 35 M parameters.
 set -euo pipefail
 if [[ $# -ne 4 ]]; then  # --help, or arguments missing: the comment above
@@ -94,9 +99,19 @@ print(int(min(p_steps / p_s * budget * parallel, epochs * blocks / batch)))" \
     "($(python3 -c "print(round($steps * $BATCH / $blocks, 2))") epochs of $blocks blocks)"
 fi
 
+train_s=$($PY -c "
+import sys; train, deadline, elapsed, runs, score = sys.argv[1:]
+limit = float(train) * 1.3
+if deadline:
+    left = float(deadline) - float(elapsed) - int(runs) * float(score) - 30
+    if left < 30:
+        sys.exit(f'DEADLINE_S={deadline}: {left:.0f} s left for training after {elapsed} s, the scoring and the pack')
+    limit = min(limit, left)
+print(round(limit))" "$TRAIN_S" "${DEADLINE_S:-}" "$((SECONDS - t0))" "$(wc -w <<< "$RECIPES")" "${SCORE_S:-60}")
+stamp "training stops within $train_s s"
 for recipe in $RECIPES; do
   IFS=: read -r name kd hard layer_map <<< "$recipe"
-  distil "$name" "$kd" "$hard" "$steps" --time-limit "$(python3 -c "print(($TRAIN_S * 1.3) / 60)")" \
+  distil "$name" "$kd" "$hard" "$steps" --time-limit "$($PY -c "print($train_s / 60)")" \
     ${layer_map:+--layer-map "$layer_map"} > "$WORK/$name.log" 2>&1 &
 done
 wait

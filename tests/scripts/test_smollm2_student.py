@@ -73,9 +73,22 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
     progress = json.loads((work / "generated.txt.progress.json").read_text())
     assert progress["settings"]["temperature"] == 0.5
     assert not (work / "kd").exists()
-    # then the same command trains on that cache: no more text (the cache fixed it), no second import
-    second = run()
+    # a deadline that leaves no time to train, score and pack is refused before any training starts
+    refused = subprocess.run(
+        ["bash", str(SCRIPT), str(gguf_file), str(data), str(work), str(out)],
+        cwd=ROOT,
+        env={**env, "DEADLINE_S": "60"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert refused.returncode != 0 and "left for training" in refused.stderr, refused.stderr
+    assert not (work / "kd").exists()
+    # then the same command trains on that cache: no more text (the cache fixed it), no second import;
+    # a deadline far off leaves training its own limit (TRAIN_S x 1.3)
+    second = run(DEADLINE_S="100000")
     assert "generated" not in second and "LlamaForCausalLM" not in second and "packing" in second
+    assert "training stops within 130 s" in second
     assert (work / "generated.txt").read_text().splitlines() == generated
     meta = json.loads((work / "cache" / "meta.json").read_text())
     assert Path(meta["source"]).name == "train-plus-generated.txt"  # the cache covers both texts
