@@ -186,12 +186,12 @@ def train_config(
     )
 
 
-def parse_layer_map(value: str | None) -> tuple[int, ...] | None:
+def parse_layer_map(value: str | None, param_hint: str = "--layer-map") -> tuple[int, ...] | None:
     if value is None:
         return None
     try:
         return tuple(int(part) for part in value.split(","))
     except ValueError as err:
         raise typer.BadParameter(
-            f"expected comma-separated layer indices, got {value!r}", param_hint="--layer-map"
+            f"expected comma-separated layer indices, got {value!r}", param_hint=param_hint
         ) from err

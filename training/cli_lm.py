@@ -281,6 +281,19 @@ def distil_lm_command(
         help="Keep the teacher's probability outside its top k as one more class (needs a cache that records "
         "it, and temperature 1); off: the top k renormalised, as caches of format 1 train.",
     ),
+    alpha_attention: float = typer.Option(
+        0.0,
+        "--alpha-attention",
+        min=0.0,
+        help="Weight of the student's attention matched to the teacher's in --attention-layers (the teacher "
+        "then runs beside the student at every step).",
+    ),
+    attention_layers: str | None = typer.Option(
+        None,
+        "--attention-layers",
+        help="Teacher layers whose attention the student matches, each one it kept, e.g. 17,18,20,23,24 "
+        "(SmolLM2's induction layers).",
+    ),
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
     time_limit: float | None = TimeLimitOpt,
@@ -296,6 +309,9 @@ def distil_lm_command(
     check_out(out, str(teacher), "teacher")
     if student_init is not None and layer_map is not None:
         raise typer.BadParameter("a --student-init student keeps its own layers", param_hint="--layer-map")
+    matched = list(parse_layer_map(attention_layers, "--attention-layers") or ())
+    if alpha_attention > 0 and not matched:
+        raise typer.BadParameter("name the teacher layers to match", param_hint="--attention-layers")
     setup_threads(threads)
     console = line_console(stderr=True)
     with user_errors():
@@ -324,9 +340,12 @@ def distil_lm_command(
                 bf16=bf16,
                 freeze_embeddings=freeze_embeddings,
                 student_init=str(student_init or ""),
+                alpha_attention=alpha_attention,
+                attention_layers=matched,
             )
         student = distil_lm.student_from_teacher(teacher_model, config)
         student.to(device)  # type: ignore[arg-type]
+        beside = teacher_model.to(device) if config.alpha_attention > 0 else None  # type: ignore[arg-type]
         del teacher_model
         blocks = lm_cache.open_cache(cache, config.num_blocks or None)
         if config.kd_rest and (blocks.mass is None or config.temperature != 1):
@@ -351,6 +370,7 @@ def distil_lm_command(
                 checkpoint_every=checkpoint_every,
                 time_limit_s=None if time_limit is None else time_limit * 60,
                 log=report,
+                teacher=beside,
             )
         student.save_pretrained(out)
         AutoTokenizer.from_pretrained(teacher).save_pretrained(out)

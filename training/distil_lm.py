@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from training.attention_transfer import attention_loss, matched_layers
 from training.lm_cache import CachedBlocks
 from training.losses import LossTerms, top_k_distillation_loss
 from training.models import default_layer_map, make_student
@@ -57,6 +58,10 @@ class DistilLMConfig:
     bf16: bool = False  # autocast to bfloat16 (a GPU's fast path)
     freeze_embeddings: bool = False  # keep the teacher's token embeddings (and the head tied to them)
     student_init: str = ""  # an earlier student's directory to start from (its layers, its map); "": a cut
+    # the student's attention matched to the teacher's in these teacher layers (each one it kept), weighted
+    # so; the teacher then runs beside the student at every step (training/attention_transfer.py)
+    alpha_attention: float = 0.0
+    attention_layers: list[int] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- student
@@ -116,14 +121,23 @@ def learning_rate(step: int, config: DistilLMConfig) -> float:
 
 
 def cached_kd_loss(
-    model: PreTrainedModel, batch: dict[str, torch.Tensor], config: DistilLMConfig
+    model: PreTrainedModel,
+    batch: dict[str, torch.Tensor],
+    config: DistilLMConfig,
+    teacher: PreTrainedModel | None = None,
 ) -> LossTerms:
-    """Position i's logits against the teacher's top k at i and the token at i + 1 (blocks are full)."""
+    """Position i's logits against the teacher's top k at i and the token at i + 1 (blocks are full); with
+    `teacher` and `config.alpha_attention`, plus the attention of the matched layers against the teacher's."""
     ids = batch["input_ids"]
-    logits = model(input_ids=ids).logits[:, :-1]
+    attention = None
+    if teacher is not None and config.alpha_attention > 0:
+        pairs = matched_layers(config.layer_map, config.attention_layers)
+        logits, attention = attention_loss(model, teacher, ids, pairs)
+    else:
+        logits = model(input_ids=ids).logits
     mass = batch.get("mass") if config.kd_rest and config.temperature == 1 else None
-    return top_k_distillation_loss(
-        logits,
+    terms = top_k_distillation_loss(
+        logits[:, :-1],
         batch["values"][:, :-1],
         batch["indices"][:, :-1],
         ids[:, 1:],
@@ -132,6 +146,9 @@ def cached_kd_loss(
         alpha_hard=config.alpha_hard,
         teacher_mass=None if mass is None else mass[:, :-1],
     )
+    if attention is None:
+        return terms
+    return terms._replace(total=terms.total + config.alpha_attention * attention, attention=attention)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -158,12 +175,19 @@ def train(
     time_limit_s: float | None = None,
     stop_after_steps: int | None = None,
     log: Callable[[int, dict[str, float]], None] | None = None,
+    teacher: PreTrainedModel | None = None,
 ) -> int:
     """Train `student` from the cache up to `config.steps`, resuming from out/checkpoint.pt if there.
 
     Checkpoints every `checkpoint_every` steps and whenever it stops: at the end, after `time_limit_s`
-    seconds, or after `stop_after_steps` steps of this session (tests). Returns the step reached.
+    seconds, or after `stop_after_steps` steps of this session (tests). Returns the step reached. `teacher`
+    (on the student's device) is needed when `config.alpha_attention` is set, and only then.
     """
+    if config.alpha_attention > 0:
+        if teacher is None:
+            raise ValueError("matching the teacher's attention needs the teacher beside the student")
+        matched_layers(config.layer_map, config.attention_layers)  # a layer the student lacks fails here
+        teacher.eval().requires_grad_(False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = next(student.parameters()).device
@@ -209,10 +233,12 @@ def train(
             )
             batch = {k: v.to(device) for k, v in blocks.batch(rows, config.top_k or None).items()}
             with autocast:
-                terms = cached_kd_loss(student, batch, config)
+                terms = cached_kd_loss(student, batch, config, teacher)
             (terms.total / config.grad_accum).backward()
-            for name, value in zip(("loss", "kd", "hard"), terms[:3], strict=True):
-                totals[name] += float(value.detach()) / config.grad_accum
+            named = {"loss": terms.total, "kd": terms.kd, "hard": terms.hard, "attention": terms.attention}
+            for name, value in named.items():
+                if value is not None:
+                    totals[name] = totals.get(name, 0.0) + float(value.detach()) / config.grad_accum
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

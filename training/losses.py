@@ -18,13 +18,15 @@ import torch.nn.functional as F
 class LossTerms(NamedTuple):
     """`total` is what backpropagates; the terms are kept apart so they can be logged.
 
-    `hidden` is the (unweighted) hidden-state alignment term, None when the run does not align.
+    `hidden` is the (unweighted) hidden-state alignment term, None when the run does not align; `attention`
+    the (unweighted) attention-transfer term (training/attention_transfer.py), None without it.
     """
 
     total: torch.Tensor
     kd: torch.Tensor
     hard: torch.Tensor
     hidden: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
 
 
 def distillation_loss(

@@ -12,7 +12,9 @@
 # DATA holds wikitext2_raw_train.txt and wikitext2_raw_valid.txt. Knobs: LAYERS (10), BLOCK (tokens a block,
 # cached and scored: 256; a student for long prompts needs long blocks: 2048 with BATCH=4), BATCH (32 blocks),
 # LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
-# (10), RECIPES (name:alpha_kd:alpha_hard[:layer_map], space-separated, run side by side; "mixed1:1:1", the
+# (10), RECIPES (name:alpha_kd:alpha_hard[:layer_map[:alpha_attention]], space-separated, run side by side;
+# alpha_attention > 0 matches the student's attention to the teacher's in ATTENTION_LAYERS (teacher layers
+# the map keeps: 17,18,20,23,24, SmolLM2's induction layers), the teacher running beside it; "mixed1:1:1", the
 # figure in docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"; a layer map, e.g.
 # 0,1,2,6,11,16,17,18,20,23,24,29, replaces the even spread for that recipe), STEPS (steps per recipe; set, it skips
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
@@ -110,9 +112,11 @@ if deadline:
 print(round(limit))" "$TRAIN_S" "${DEADLINE_S:-}" "$((SECONDS - t0))" "$(wc -w <<< "$RECIPES")" "${SCORE_S:-60}")
 stamp "training stops within $train_s s"
 for recipe in $RECIPES; do
-  IFS=: read -r name kd hard layer_map <<< "$recipe"
+  IFS=: read -r name kd hard layer_map attention <<< "$recipe"
   distil "$name" "$kd" "$hard" "$steps" --time-limit "$($PY -c "print($train_s / 60)")" \
-    ${layer_map:+--layer-map "$layer_map"} > "$WORK/$name.log" 2>&1 &
+    ${layer_map:+--layer-map "$layer_map"} \
+    ${attention:+--alpha-attention "$attention" --attention-layers "${ATTENTION_LAYERS:-17,18,20,23,24}"} \
+    > "$WORK/$name.log" 2>&1 &
 done
 wait
 stamp trained

@@ -49,7 +49,9 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         "GEN_NEW_TOKENS": "24",
         "GEN_TEMPERATURE": "0.5",
         "GEN_S": "600",
-        "RECIPES": "kd:1:0 mixed:1:1:1",  # mixed copies the teacher's last layer, not its first
+        # mixed copies the teacher's last layer, not its first, and matches that layer's attention too
+        "RECIPES": "kd:1:0 mixed:1:1:1:0.5",
+        "ATTENTION_LAYERS": "1",
         "OMP_NUM_THREADS": "1",
     }
 
@@ -99,6 +101,7 @@ def test_the_device_script_distils_scores_and_packs_the_best(tmp_path: Path) -> 
         assert state["step"] == 2
         assert state["config"]["layer_map"] == layer_map
         assert state["config"]["kd_rest"]  # the cache records the mass outside the top k: it is used
+        assert state["config"]["alpha_attention"] == (0.5 if name == "mixed" else 0.0)
         scores = {size: json.loads((work / name / f"lm_eval-{size}.json").read_text()) for size in (64, 32)}
         assert [(scores[size]["block_size"], scores[size]["raw"]) for size in (64, 32)] == [
             (64, True),
