@@ -79,6 +79,13 @@ distil() {  # distil NAME ALPHA_KD ALPHA_HARD STEPS [more flags]
     --alpha-hard "$3" --bf16 --freeze-embeddings --checkpoint-every 1000000 "${@:5}"
 }
 
+recipe() {  # recipe RECIPE STEPS [NAME [more flags]]: one RECIPES entry distilled (as NAME, if given)
+  local name kd hard layer_map attention
+  IFS=: read -r name kd hard layer_map attention <<< "$1"
+  distil "${3:-$name}" "$kd" "$hard" "$2" "${@:4}" ${layer_map:+--layer-map "$layer_map"} \
+    ${attention:+--alpha-attention "$attention" --attention-layers "${ATTENTION_LAYERS:-17,18,20,23,24}"}
+}
+
 if [[ -n ${STEPS:-} ]]; then
   steps=$STEPS
   stamp "each recipe trains $steps steps of $BATCH blocks" \
@@ -86,9 +93,9 @@ if [[ -n ${STEPS:-} ]]; then
 else
   if [[ -n ${STEPS_PER_S:-} ]]; then  # a rate measured before: no probe
     probe_steps=$STEPS_PER_S probe_s=1
-  else  # probe: how many steps one run makes in 30 s of training
+  else  # probe: how many steps the first recipe makes in 30 s of training (list the slowest first)
     rm -rf "$WORK/probe"
-    distil probe 1 0 1000000 --time-limit 0.5 > "$WORK/probe.log" 2>&1
+    recipe "${RECIPES%% *}" 1000000 probe --time-limit 0.5 > "$WORK/probe.log" 2>&1
     read -r probe_steps probe_s < <($PY -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['step'], s['session_seconds'])" "$WORK/probe/train_state.json")
   fi
   runs=$(wc -w <<< "$RECIPES")
@@ -111,12 +118,8 @@ if deadline:
     limit = min(limit, left)
 print(round(limit))" "$TRAIN_S" "${DEADLINE_S:-}" "$((SECONDS - t0))" "$(wc -w <<< "$RECIPES")" "${SCORE_S:-60}")
 stamp "training stops within $train_s s"
-for recipe in $RECIPES; do
-  IFS=: read -r name kd hard layer_map attention <<< "$recipe"
-  distil "$name" "$kd" "$hard" "$steps" --time-limit "$($PY -c "print($train_s / 60)")" \
-    ${layer_map:+--layer-map "$layer_map"} \
-    ${attention:+--alpha-attention "$attention" --attention-layers "${ATTENTION_LAYERS:-17,18,20,23,24}"} \
-    > "$WORK/$name.log" 2>&1 &
+for entry in $RECIPES; do
+  recipe "$entry" "$steps" "" --time-limit "$($PY -c "print($train_s / 60)")" > "$WORK/${entry%%:*}.log" 2>&1 &
 done
 wait
 stamp trained
