@@ -294,6 +294,13 @@ def distil_lm_command(
         help="Teacher layers whose attention the student matches, each one it kept, e.g. 17,18,20,23,24 "
         "(SmolLM2's induction layers).",
     ),
+    attention_every: int = typer.Option(
+        1,
+        "--attention-every",
+        min=1,
+        help="Match attention on every n-th step only (the others run neither the teacher nor the eager "
+        "attention kernel: cheaper steps).",
+    ),
     seed: int = typer.Option(0, "--seed"),
     checkpoint_every: int = typer.Option(25, "--checkpoint-every", min=1),
     time_limit: float | None = TimeLimitOpt,
@@ -342,6 +349,7 @@ def distil_lm_command(
                 student_init=str(student_init or ""),
                 alpha_attention=alpha_attention,
                 attention_layers=matched,
+                attention_every=attention_every,
             )
         student = distil_lm.student_from_teacher(teacher_model, config)
         student.to(device)  # type: ignore[arg-type]

@@ -62,6 +62,7 @@ class DistilLMConfig:
     # so; the teacher then runs beside the student at every step (training/attention_transfer.py)
     alpha_attention: float = 0.0
     attention_layers: list[int] = field(default_factory=list)
+    attention_every: int = 1  # the term on every n-th step only: the others skip the teacher and eager kernel
 
 
 # --------------------------------------------------------------------------- student
@@ -232,8 +233,9 @@ def train(
                 step * config.grad_accum + micro, config.batch_size, config.num_blocks, config.seed
             )
             batch = {k: v.to(device) for k, v in blocks.batch(rows, config.top_k or None).items()}
+            beside = teacher if step % config.attention_every == 0 else None
             with autocast:
-                terms = cached_kd_loss(student, batch, config, teacher)
+                terms = cached_kd_loss(student, batch, config, beside)
             (terms.total / config.grad_accum).backward()
             named = {"loss": terms.total, "kd": terms.kd, "hard": terms.hard, "attention": terms.attention}
             for name, value in named.items():

@@ -14,7 +14,8 @@
 # LR (3e-4), TRAIN_S (seconds of training per recipe, all recipes at once: 240), MAX_EPOCHS
 # (10), RECIPES (name:alpha_kd:alpha_hard[:layer_map[:alpha_attention]], space-separated, run side by side;
 # alpha_attention > 0 matches the student's attention to the teacher's in ATTENTION_LAYERS (teacher layers
-# the map keeps: 17,18,20,23,24, SmolLM2's induction layers), the teacher running beside it; "mixed1:1:1", the
+# the map keeps: 17,18,20,23,24, SmolLM2's induction layers), the teacher running beside it on every
+# ATTENTION_EVERY-th step (1; the others cost what a step without it does); "mixed1:1:1", the
 # figure in docs/benchmarks.md; the first run there was "kd:1:0 mixed:1:0.5"; a layer map, e.g.
 # 0,1,2,6,11,16,17,18,20,23,24,29, replaces the even spread for that recipe), STEPS (steps per recipe; set, it skips
 # the probe: an H200 makes 14.4 steps/s with one recipe, 12.1 each with two), GEN_PROMPTS (set: the teacher
@@ -83,7 +84,8 @@ recipe() {  # recipe RECIPE STEPS [NAME [more flags]]: one RECIPES entry distill
   local name kd hard layer_map attention
   IFS=: read -r name kd hard layer_map attention <<< "$1"
   distil "${3:-$name}" "$kd" "$hard" "$2" "${@:4}" ${layer_map:+--layer-map "$layer_map"} \
-    ${attention:+--alpha-attention "$attention" --attention-layers "${ATTENTION_LAYERS:-17,18,20,23,24}"}
+    ${attention:+--alpha-attention "$attention" --attention-layers "${ATTENTION_LAYERS:-17,18,20,23,24}"} \
+    ${attention:+--attention-every "${ATTENTION_EVERY:-1}"}
 }
 
 if [[ -n ${STEPS:-} ]]; then

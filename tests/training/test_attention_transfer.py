@@ -117,6 +117,14 @@ def test_training_on_the_attention_loss_brings_the_heads_to_the_teachers(teacher
     assert kl() < 0.5 * before
     assert not any(p.grad is not None for p in teacher.parameters())  # the teacher only shows the way
 
+    every_other = distil_lm.DistilLMConfig(**{**vars(config), "steps": 4, "attention_every": 2})
+    matched: list[tuple[int, bool]] = []
+    distil_lm.train(
+        student, blocks, every_other, tmp_path / "sparse", teacher=teacher,
+        log=lambda step, terms: matched.append((step, "attention" in terms)),
+    )  # fmt: skip
+    assert matched == [(1, True), (2, False), (3, True), (4, False)]  # the others skip the teacher
+
 
 def test_cli_matches_the_named_layers_and_refuses_one_the_student_lacks(tmp_path: Path) -> None:
     teacher_dir = build_tiny_llama(tmp_path / "teacher")
@@ -125,14 +133,16 @@ def test_cli_matches_the_named_layers_and_refuses_one_the_student_lacks(tmp_path
     cache_with_cli(teacher_dir, text, tmp_path / "cache", 16, 8)
     common = [
         "distil-lm", "--teacher", str(teacher_dir), "--threads", "1", "--cache", str(tmp_path / "cache"),
-        "--layers", "1", "--layer-map", "1", "--steps", "2", "--batch-size", "2", "--alpha-attention", "0.5",
+        "--layers", "1", "--layer-map", "1", "--steps", "3", "--batch-size", "2",
+        "--alpha-attention", "0.5", "--attention-every", "2",
     ]  # fmt: skip
     runner = CliRunner()
     result = runner.invoke(app, [*common, "--out", str(tmp_path / "s"), "--attention-layers", "1"])
     assert result.exit_code == 0, result.output
-    assert "attention" in result.output  # logged beside the other terms
+    assert "attention" in result.output  # logged beside the other terms (step 3 matched, as step 1)
     state = json.loads((tmp_path / "s" / "train_state.json").read_text())
-    assert (state["config"]["alpha_attention"], state["config"]["attention_layers"]) == (0.5, [1])
+    assert state["config"]["alpha_attention"] == 0.5
+    assert (state["config"]["attention_layers"], state["config"]["attention_every"]) == ([1], 2)
     refused = runner.invoke(app, [*common, "--out", str(tmp_path / "r"), "--attention-layers", "0"])
     assert refused.exit_code != 0 and "not in the student's layer map" in refused.output
     unnamed = runner.invoke(app, [*common, "--out", str(tmp_path / "u")])
