@@ -42,7 +42,9 @@
 # student's directory to continue, e.g. on LM_RAW text, in place of a cut of the teacher; LM_LR, its peak
 # learning rate, 3e-4), LM_DRAFT_FROM (a checkpoint the draft variant is built from instead of this student,
 # `export --draft-from`: e.g. a copy of it tuned on its teacher's greedy text, which drafts better while the
-# student answers with its own weights; docs/benchmarks.md), LM_BLOCK (tokens a block,
+# student answers with its own weights; docs/benchmarks.md), LM_ATTENTION (set: the weight of the student's
+# attention matched to the teacher's in LM_ATTENTION_LAYERS, 17,18,20,23,24, each one the map keeps, on every
+# LM_ATTENTION_EVERY-th step, 1: `distil-lm --alpha-attention`; its own student directory), LM_BLOCK (tokens a block,
 # cached, trained and scored: 256; a student for long prompts wants 2048 with LM_BATCH=4); another block size
 # or depth gets its own cache and student directory. Version 4 in docs/benchmarks.md (1.23x on 256-token
 # blocks, 2.18x with 2,048 tokens of context) is the even 10-layer recipe on train and 4,352 of the teacher's
@@ -90,6 +92,7 @@ LM_BLOCK=${LM_BLOCK:-256}
 LM_RAW=${LM_RAW:+--raw}
 LM_INIT=${LM_INIT:-}
 LM_DRAFT_FROM=${LM_DRAFT_FROM:-}
+LM_ATTENTION=${LM_ATTENTION:-}
 LM_LR=${LM_LR:-3e-4}
 LM_MINUTES=${LM_MINUTES:-}
 LM_EVAL_BLOCKS=${LM_EVAL_BLOCKS:-32}
@@ -208,6 +211,7 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   [[ -n $LM_RAW ]] && block+=-raw
   [[ $LM_LAYERS != 10 || -n $LM_LAYER_MAP ]] && depth=-${LM_LAYERS}layers${LM_LAYER_MAP:+-${LM_LAYER_MAP//,/.}}
   [[ -n $LM_INIT ]] && depth=-from-$(basename "$LM_INIT")
+  [[ -n $LM_ATTENTION ]] && depth+=-attention$LM_ATTENTION
   local train=$DATA/wikitext2_raw_train.txt cache=$d/cache$block student=$d/student$block$depth
   [[ -d $d/teacher ]] || { echo "run scripts/real-data.sh smollm2 first (imports the teacher)" >&2; exit 1; }
   [[ $MP == bf16 ]] && bf16=--bf16
@@ -229,7 +233,9 @@ smollm2_student() {  # cache the teacher's top-64 logits, distil 10 of 30 layers
   timed smollm2-distil $PY -m training distil-lm --teacher "$d/teacher" --cache "$cache" --out "$student" \
     --layers "$LM_LAYERS" ${LM_LAYER_MAP:+--layer-map "$LM_LAYER_MAP"} ${LM_INIT:+--student-init "$LM_INIT"} \
     --steps "$LM_STEPS" --batch-size "$LM_BATCH" --lr "$LM_LR" --warmup-steps "$warmup" --temperature 1 \
-    --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit)
+    --alpha-kd 1 --alpha-hard "$LM_ALPHA_HARD" --freeze-embeddings $bf16 $(lm_limit) \
+    ${LM_ATTENTION:+--alpha-attention "$LM_ATTENTION" --attention-layers "${LM_ATTENTION_LAYERS:-17,18,20,23,24}"} \
+    ${LM_ATTENTION:+--attention-every "${LM_ATTENTION_EVERY:-1}"}
   timed smollm2-eval $PY -m training eval-lm --teacher "$d/teacher" --student "$student" \
     --eval "$DATA/wikitext2_raw_valid.txt" --eval-blocks "$LM_EVAL_BLOCKS" --block-size "$LM_BLOCK" $LM_RAW \
     --batch-size 4
