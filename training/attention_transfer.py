@@ -31,27 +31,37 @@ def matched_layers(layer_map: Sequence[int], teacher_layers: Sequence[int]) -> l
     return [(layer_map.index(layer), layer) for layer in teacher_layers]
 
 
-def _attention_module(model: PreTrainedModel, layer: int) -> nn.Module:
-    """The self-attention of decoder layer `layer` of a *ForCausalLM (Llama and its kin)."""
-    module: nn.Module = model.model.layers[layer].self_attn
-    return module
+def attention_modules(model: PreTrainedModel, layers: Sequence[int]) -> list[nn.Module]:
+    """The self-attention of each decoder layer named, in a Llama-family model (a decoder stack at
+    `model.layers` whose attention returns its weights): other architectures are refused, not guessed at."""
+    stack = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(stack, nn.ModuleList) or not all(hasattr(layer, "self_attn") for layer in stack):
+        raise ValueError(
+            f"attention transfer supports Llama-family decoders (model.layers[i].self_attn), not "
+            f"{type(model).__name__}"
+        )
+    if any(not 0 <= layer < len(stack) for layer in layers):
+        raise ValueError(f"layers {list(layers)}: {type(model).__name__} has layers 0..{len(stack) - 1}")
+    modules: list[nn.Module] = [getattr(stack[layer], "self_attn") for layer in layers]  # noqa: B009
+    return modules
 
 
 @contextmanager
 def recorded_attention(model: PreTrainedModel, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
     """While open, each forward pass puts layer i's attention weights [B, heads, queries, keys] at [i]."""
+    modules = attention_modules(model, layers)
     kernel = model.config._attn_implementation
     model.set_attn_implementation("eager")
     weights: dict[int, torch.Tensor] = {}
     handles = []
-    for index in layers:
+    for index, module in zip(layers, modules, strict=True):
 
         def keep(
             _module: nn.Module, _inputs: object, output: tuple[torch.Tensor, ...], index: int = index
         ) -> None:
             weights[index] = output[1]
 
-        handles.append(_attention_module(model, index).register_forward_hook(keep))
+        handles.append(module.register_forward_hook(keep))
     try:
         yield weights
     finally:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from training.attention_transfer import attention_loss, matched_layers
+from training.attention_transfer import attention_loss, attention_modules, matched_layers
 from training.lm_cache import CachedBlocks
 from training.losses import LossTerms, top_k_distillation_loss
 from training.models import default_layer_map, make_student
@@ -187,7 +187,9 @@ def train(
     if config.alpha_attention > 0:
         if teacher is None:
             raise ValueError("matching the teacher's attention needs the teacher beside the student")
-        matched_layers(config.layer_map, config.attention_layers)  # a layer the student lacks fails here
+        pairs = matched_layers(config.layer_map, config.attention_layers)  # a layer the student lacks fails
+        attention_modules(student, [s for s, _ in pairs])  # so does a model family it cannot read
+        attention_modules(teacher, [t for _, t in pairs])
         teacher.eval().requires_grad_(False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

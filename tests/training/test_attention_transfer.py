@@ -15,7 +15,13 @@ from typer.testing import CliRunner
 from tests.tiny_models import CORPUS, build_tiny_llama, llama_bpe, tiny_llama
 from tests.training.lm_cli import cache_with_cli
 from training import distil_lm, lm_cache
-from training.attention_transfer import attention_kl, attention_loss, matched_layers, recorded_attention
+from training.attention_transfer import (
+    attention_kl,
+    attention_loss,
+    attention_modules,
+    matched_layers,
+    recorded_attention,
+)
 from training.cli import app
 
 
@@ -69,8 +75,8 @@ def test_recorded_weights_are_the_eager_models_and_the_kernel_comes_back(teacher
         assert weights[layer].shape == (2, 4, 12, 12)  # every query head, though keys are grouped
         torch.testing.assert_close(weights[layer], reference[layer])
     with torch.no_grad():
-        teacher(input_ids=ids)  # hooks gone: nothing more recorded
-    assert torch.equal(weights[1], reference[1].detach())
+        teacher(input_ids=_ids(teacher, length=8))  # hooks gone: another input's weights are not recorded
+    assert weights[1].shape == (2, 4, 12, 12) and torch.equal(weights[1], reference[1])
 
 
 def test_a_student_that_kept_every_layer_has_its_teachers_attention(teacher) -> None:
@@ -87,6 +93,16 @@ def test_a_student_that_kept_every_layer_has_its_teachers_attention(teacher) -> 
     assert float(loss.detach()) > 1e-3  # layer 3 now reads a residual stream without layers 1 and 2
     with pytest.raises(ValueError, match="not in the student's layer map"):
         matched_layers([0, 3], [2])
+    with pytest.raises(ValueError, match=r"has layers 0\.\.3"):
+        attention_loss(whole, teacher, ids, [(0, 7)])
+
+
+def test_a_model_family_it_cannot_read_is_refused_before_training() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+    with pytest.raises(ValueError, match=r"Llama-family decoders.*GPT2LMHeadModel"):
+        attention_modules(gpt2, [1])
 
 
 def test_training_on_the_attention_loss_brings_the_heads_to_the_teachers(teacher, tmp_path: Path) -> None:
