@@ -91,6 +91,7 @@ def manifest_builder(
             drafts_only=v in DRAFT_VARIANTS,
             data=external_data_spec(r.path),
             source=r.source,
+            head_tokens=r.head_tokens,
         )
         for v, r in passed.items()
     }

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
+from common.draft_head import CONTEXT_INPUT, HEAD_TOKENS_KEY, DraftHead
 from export.calibration import CASCADE_TASKS, calibrate_pair
 from export.chat import chat_spec
 from export.greedy import greedy_match
@@ -34,11 +36,13 @@ from export.tasks import (
 )
 from export.variants import (
     ALL_VARIANTS,
+    DRAFT_HEAD_TOKENS,
     DRAFT_VARIANTS,
     INT8_RECIPES,
     VARIANT_FILES,
     Int8Recipe,
     VariantResult,
+    build_draft,
     build_int8,
     build_variant,
 )
@@ -104,6 +108,8 @@ class PairSpec:
     # The draft variant built from this checkpoint instead of the student's own (same tokenizer): e.g. a copy
     # tuned on the teacher's greedy text, which drafts better than the student answers (docs/benchmarks.md).
     draft_from: Path | None = None
+    # The draft's output head cut to this many first ids plus the contexts' (export/draft_head.py; 0: whole).
+    draft_head_tokens: int = DRAFT_HEAD_TOKENS
 
 
 @dataclass
@@ -127,8 +133,9 @@ class _Parity:
             return empty, [f"ONNX Runtime cannot load it on CPU: {str(e).splitlines()[0][:200]}"]
         names = [i.name for i in session.get_inputs()]
         wanted = list(self.spec.outputs)
+        whole = whole_head(session, int(self.model.config.vocab_size)) if CONTEXT_INPUT in names else {}
         got = [
-            dict(zip(wanted, session.run(wanted, onnx_feeds(b, names, self.layout)), strict=True))
+            dict(zip(wanted, session.run(wanted, onnx_feeds(b, names, self.layout) | whole), strict=True))
             for b in self.batches
         ]
         report = compare(
@@ -144,6 +151,13 @@ class _Parity:
             match = greedy_match(session, self.layout, self.model, self.prompts, GREEDY_NEW_TOKENS)
             report = replace(report, greedy_match=match)
         return report, BOUNDS[variant].failures(report, self.require_eval_data)
+
+
+def whole_head(session: ort.InferenceSession, vocabulary: int) -> dict[str, np.ndarray]:
+    """The feed that makes a draft's cut head (export/draft_head.py) score every token in id order: the gate
+    judges all of its head's numbers, as for an uncut one."""
+    tokens = int(session.get_modelmeta().custom_metadata_map[HEAD_TOKENS_KEY])
+    return {CONTEXT_INPUT: DraftHead(tokens, vocabulary).every_token()}
 
 
 def _prepare_parity(
@@ -190,10 +204,18 @@ def _judged(
 
 
 def _variant(
-    variant: str, export_dir: Path, fp32: Path, work: Path, parity: _Parity, progress: Callable[[str], None]
+    variant: str,
+    export_dir: Path,
+    fp32: Path,
+    work: Path,
+    parity: _Parity,
+    progress: Callable[[str], None],
+    draft_head_tokens: int = DRAFT_HEAD_TOKENS,
 ) -> VariantResult:
     """The variant built and judged; int8 with each of INT8_RECIPES in turn until the gate passes one. The
     refusals are kept: in `tried` of the one that passed, as the problems when none did."""
+    if variant in DRAFT_VARIANTS:
+        return _build_and_judge(variant, None, export_dir, fp32, work, parity, progress, draft_head_tokens)
     if variant != "int8":
         return _build_and_judge(variant, None, export_dir, fp32, work, parity, progress)
     tried: list[str] = []
@@ -215,13 +237,18 @@ def _build_and_judge(
     work: Path,
     parity: _Parity,
     progress: Callable[[str], None],
+    draft_head_tokens: int = 0,
 ) -> VariantResult:
-    """One variant (int8: with one recipe) built and judged; one that cannot be built is reported as such,
-    never silently dropped."""
+    """One variant (int8: with one recipe; a draft: its head cut to `draft_head_tokens`) built and judged;
+    one that cannot be built is reported as such, never silently dropped."""
     started = time.perf_counter()
     progress(f"building the {variant} variant" + (f" ({recipe.name})" if recipe else ""))
+    head_tokens = None
     try:
-        if recipe is None:
+        if variant in DRAFT_VARIANTS:
+            path = work / VARIANT_FILES[variant]
+            head_tokens = build_draft(fp32, path, draft_head_tokens)
+        elif recipe is None:
             path = build_variant(variant, export_dir, fp32, work)
         else:
             path = work / f"int8-{recipe.name}" / VARIANT_FILES[variant]
@@ -234,7 +261,7 @@ def _build_and_judge(
             variant, work / VARIANT_FILES[variant], empty, [problem], 0.0, 0, recipe=_name(recipe)
         )
     outcome = _judged(variant, path, time.perf_counter() - started, parity, progress)
-    outcome.recipe = _name(recipe)
+    outcome.recipe, outcome.head_tokens = _name(recipe), head_tokens
     return outcome
 
 
@@ -249,6 +276,7 @@ def _draft_from(
     require_eval_data: bool,
     work: Path,
     progress: Callable[[str], None],
+    head_tokens: int = DRAFT_HEAD_TOKENS,
 ) -> VariantResult:
     """The draft variant built from another checkpoint of the same tokenizer, and judged against that
     checkpoint's own PyTorch outputs (what the gate guards is the build, as for the student's own draft:
@@ -260,7 +288,7 @@ def _draft_from(
     parity = _prepare_parity(spec, source, tokenizer, max_length, eval_data, seed)
     parity.require_eval_data = require_eval_data
     source_fp32 = export_onnx(source_dir, spec.task, work / "draft-source", opset)
-    outcome = _variant("draft", work / "draft-source", source_fp32, work, parity, progress)
+    outcome = _variant("draft", work / "draft-source", source_fp32, work, parity, progress, head_tokens)
     outcome.source = str(source_dir)
     return outcome
 
@@ -358,9 +386,11 @@ def export_model(
         for variant in [v for v in ALL_VARIANTS if v in variants and v != "fp32"]:
             if variant in DRAFT_VARIANTS and pair is not None and pair.draft_from is not None:
                 source = (pair.draft_from, spec, tokenizer, max_length, eval_data, seed, opset)
-                result.variants.append(_draft_from(*source, parity.require_eval_data, work, progress))
+                cut = pair.draft_head_tokens
+                result.variants.append(_draft_from(*source, parity.require_eval_data, work, progress, cut))
                 continue
-            result.variants.append(_variant(variant, export_dir, fp32, work, parity, progress))
+            cut = pair.draft_head_tokens if pair is not None else DRAFT_HEAD_TOKENS
+            result.variants.append(_variant(variant, export_dir, fp32, work, parity, progress, cut))
         passed = {r.variant: r for r in result.variants if r.passed}
         if "fp32" not in passed:
             return result  # nothing is written when the reference variant itself fails

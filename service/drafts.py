@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 
+from common.draft_head import DraftHead
 from service.generation.runner import DecoderRunner
 from service.generation.speculative import SpeculativeRunner, pays_off
+from service.manifest import Manifest
 from service.runtime import EngineModel
 from service.settings import Settings
 
@@ -100,10 +102,20 @@ def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings
         log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
         return None
     engine = student.draft_engine or student.engine
-    draft = DecoderRunner(engine, student.manifest.generation, prefill_tokens=settings.gen_prefill_tokens)
+    head = cut_head(student.manifest) if engine is student.draft_engine else None
+    draft = DecoderRunner(engine, student.manifest.generation, settings.gen_prefill_tokens, head)
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
         if engine is student.draft_engine:  # timed and found too slow: it would sit loaded, never run
             student.draft_engine = None
             log.info("%s v%d: its draft variant is released (it does not pay)", *_named(student))
         return None
     return draft
+
+
+def cut_head(manifest: Manifest) -> DraftHead | None:
+    """The draft variant's cut output head (VariantSpec.head_tokens), if it has one."""
+    spec = next((v for v in manifest.variants.values() if v.drafts_only), None)
+    logits = next((o for o in manifest.outputs if o.name == "logits"), None)
+    if spec is None or spec.head_tokens is None or logits is None or not isinstance(logits.shape[-1], int):
+        return None
+    return DraftHead(spec.head_tokens, logits.shape[-1])

@@ -69,6 +69,9 @@ class VariantSpec(_Strict):
     # The checkpoint it was built from where not the model's own: a draft from a copy of the student tuned
     # to draft (export --draft-from), so that the student keeps answering with its own weights.
     source: str | None = None
+    # A draft whose output head scores only the ids below this, and the running contexts' ids fed with each
+    # call (common/draft_head.py: a draft step reads a fraction of the head); None: the whole vocabulary.
+    head_tokens: int | None = Field(None, gt=0)
 
 
 class TokenizerSpec(_Strict):

@@ -179,20 +179,26 @@ def build_tiny(task: str, out: Path, positions: int = 64, seed: int = 0) -> Path
 
 
 def export_lm_pair(
-    root: Path, self_student: str | None = None, student_variants: tuple[str, ...] = ("fp32",)
+    root: Path,
+    self_student: str | None = None,
+    student_variants: tuple[str, ...] = ("fp32",),
+    draft_head_tokens: int | None = None,
 ) -> tuple[Path, Path]:
     """A tiny GPT-2 teacher (`lm-teacher`) and a student of another seed paired with it (`lm`) in
     `root/models`; `self_student`: also the teacher exported under that name as its own student;
-    `student_variants`: the students' (a draft variant is checked on generated inputs). Returns the
+    `student_variants`: the students' (a draft variant is checked on generated inputs), a draft's head cut
+    to `draft_head_tokens` where given (the 355-token vocabulary is under export's default). Returns the
     repository and the teacher's HF directory (PyTorch's reference)."""
     from export.pipeline import PairSpec, export_model
+    from export.variants import DRAFT_HEAD_TOKENS
     from service.manifest import TeacherRef
 
     teacher_dir = build_tiny("text-generation", root / "teacher", positions=64, seed=0)
     student_dir = build_tiny("text-generation", root / "student", positions=64, seed=1)
     repository = root / "models"
     assert export_model(teacher_dir, "text-generation", "lm-teacher", repository, ("fp32",)).version_dir
-    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir)
+    cut = DRAFT_HEAD_TOKENS if draft_head_tokens is None else draft_head_tokens
+    pair = PairSpec(TeacherRef(name="lm-teacher", version=1), teacher_dir, draft_head_tokens=cut)
     students = [("lm", student_dir)] + ([(self_student, teacher_dir)] if self_student else [])
     for name, source in students:
         exported = export_model(

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from common.draft_head import CONTEXT_INPUT, DraftHead
 from service.engine import DeviceEngine, Engine
 from service.generation.device_cache import DeviceCache, RowGather
 from service.generation.sampling import Logprob, next_token, token_logprob
@@ -147,11 +148,20 @@ def _prefill_choices(
 
 class DecoderRunner:
     def __init__(
-        self, engine: Engine, layout: GenerationLayout, prefill_tokens: int = PREFILL_TOKENS
+        self,
+        engine: Engine,
+        layout: GenerationLayout,
+        prefill_tokens: int = PREFILL_TOKENS,
+        head: DraftHead | None = None,
     ) -> None:
+        """`head`: a draft graph's cut head (common/draft_head.py): each call scores the ids below its
+        `tokens` and those in `context`, which the speculative runner sets before drafting (empty, the
+        cheapest, for prefills, whose logits a draft does not use)."""
         self.engine = engine
         self.layout = layout
         self.prefill_tokens = prefill_tokens
+        self.head = head
+        self.context = np.zeros(0, dtype=np.int64)
         self._past_names = [
             (layout.past_key_name.format(layer=i), layout.past_value_name.format(layer=i))
             for i in range(layout.num_layers)
@@ -199,6 +209,8 @@ class DecoderRunner:
         feeds: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
         for (key_name, value_name), (keys, values) in zip(self._past_names, past, strict=True):
             feeds[key_name], feeds[value_name] = keys, values
+        if self.head is not None:
+            feeds[CONTEXT_INPUT] = self.context
         if on_device and self._device is not None:
             return self._device.run_bound(feeds, keep=self._keep)
         return self.engine.run(feeds)

@@ -238,22 +238,30 @@ class SpeculativeRunner:
                 draft_cache.truncate(start - 1)  # every row takes two tokens, the one before `last` again
                 before_last = [s.output[-2] if len(s.output) > 1 else s.prompt[-1] for s in rows]
                 feed = np.stack([np.array(before_last, dtype=np.int64), last], axis=1)
+            head = self.draft.head
+            cut = None  # a cut head, and the token id each logit column scores (every draft is one of them)
+            if head is not None:
+                self.draft.context = head.context([*s.prompt, *s.output] for s in rows)
+                cut = head, head.columns(self.draft.context)
             for j in range(max(k, 1)):
                 out = _feed(self.draft, draft_cache, feed)
                 if j == k:  # k = 0: the pass only kept the draft's cache in step
                     break
                 logits = out["logits"][:, -1]
-                drafts[:, j] = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
+                best = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
+                drafts[:, j] = best if cut is None else cut[1][best]
                 for row in shaped:
                     s = rows[row]
                     seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
-                    dist = distribution(logits[row], s.params, seen)
+                    scores = logits[row] if cut is None else cut[0].whole(logits[row], cut[1])
+                    dist = distribution(scores, s.params, seen)
                     q[row].append(dist)
                     drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
                 feed = drafts[:, j : j + 1]
                 if j + 1 < k and not self._sure(logits, drafts[:, j], q, [r for r in shaped if rows[r].rng]):
                     k, drafts = j + 1, drafts[:, : j + 1]  # the round ends here: the draft is guessing
                     break
+            self.draft.context = np.zeros(0, dtype=np.int64)  # prefills score no context (their logits go)
 
         out = _feed(self.teacher, teacher_cache, np.concatenate([last[:, None], drafts], axis=1))
 
@@ -357,7 +365,7 @@ def pays_off(teacher: Engine, manifest: Manifest, draft: DecoderRunner) -> bool:
     layout = manifest.generation
     assert layout is not None
     teacher_s = decode_step_s(teacher, layout, rows=1, prompt_tokens=16)
-    draft_s = decode_step_s(draft.engine, draft.layout, rows=1, prompt_tokens=16)
+    draft_s = decode_step_s(draft.engine, draft.layout, rows=1, prompt_tokens=16, head=draft.head)
     ratio = draft_s / teacher_s
     log.info(
         "%s: a draft step %.2f ms, a teacher step %.2f ms (ratio %.2f, limit %.2f): speculative decoding %s",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from common.draft_head import DraftHead
 from service.engine import Engine
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
@@ -34,17 +35,25 @@ SPLIT_PAYS_S = 0.010
 
 
 def decode_step_s(
-    engine: Engine, layout: GenerationLayout, rows: int, prompt_tokens: int, steps: int = 8
+    engine: Engine,
+    layout: GenerationLayout,
+    rows: int,
+    prompt_tokens: int,
+    steps: int = 8,
+    head: DraftHead | None = None,
 ) -> float:
     """The fastest of `steps` decode steps of `rows` sequences after a `prompt_tokens`-token prefill (the
     first step, which sizes the cache, left out). The fastest, not the median: the engine core times this
-    while its frontends start beside it, and other work only ever adds time."""
-    runner = DecoderRunner(engine, layout)
+    while its frontends start beside it, and other work only ever adds time. `head`: a draft's cut head,
+    timed scoring the prompt's tokens as context (as it drafts)."""
+    runner = DecoderRunner(engine, layout, head=head)
     seqs = [
         GenSequence(prompt=list(range(1, prompt_tokens + 1)), params=SamplingParams(max_new_tokens=steps + 2))
         for _ in range(rows)
     ]
     plan = StepPlan(prefill=seqs, decode=[])
+    if head is not None:
+        runner.context = head.context(s.prompt for s in seqs)
     times = []
     for _ in range(steps + 1):
         result = runner.execute(plan)

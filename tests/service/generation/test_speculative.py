@@ -329,6 +329,16 @@ def sampled_openings(
     return counts
 
 
+def one_distribution(drafted: dict[tuple[int, ...], int], alone: dict[tuple[int, ...], int]) -> bool:
+    """Whether two samples' counts pass a chi-square test of homogeneity at p = 0.001."""
+    cells = sorted(set(drafted) | set(alone))
+    table = np.array([[drafted.get(c, 0) for c in cells], [alone.get(c, 0) for c in cells]], dtype=np.float64)
+    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
+    statistic = float(((table - expected) ** 2 / expected).sum())
+    dof = len(cells) - 1  # chi-square's p = 0.001 point, Wilson-Hilferty's (7 degrees: 24.53, exact 24.32)
+    return statistic < dof * (1 - 2 / (9 * dof) + 3.090 * (2 / (9 * dof)) ** 0.5) ** 3
+
+
 @pytest.mark.parametrize("confidence", [0.0, 0.5], ids=["k-a-round", "ending-rounds-unsure"])
 def test_sampled_text_drafted_is_distributed_as_the_teachers_alone(loaded: Loaded, confidence: float) -> None:
     """The runner end to end, sampling: the first three tokens of 1,200 seeded sequences drafted (k 2, a
@@ -340,13 +350,7 @@ def test_sampled_text_drafted_is_distributed_as_the_teachers_alone(loaded: Loade
     rounds: list[int] = []
     drafted = sampled_openings(runner, range(1200), rounds)
     alone = sampled_openings(DecoderRunner(*loaded["lm-teacher"]), range(10_000, 11_200))
-    cells = sorted(set(drafted) | set(alone))
-    table = np.array([[drafted.get(c, 0) for c in cells], [alone.get(c, 0) for c in cells]], dtype=np.float64)
-    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    dof = len(cells) - 1  # chi-square's p = 0.001 point, Wilson-Hilferty's (7 degrees: 24.53, exact 24.32)
-    critical = dof * (1 - 2 / (9 * dof) + 3.090 * (2 / (9 * dof)) ** 0.5) ** 3
-    assert statistic < critical
+    assert one_distribution(drafted, alone)
     assert len(rounds) == 1200
     assert set(rounds) == ({1, 2} if confidence else {2})
 
