@@ -18,7 +18,7 @@ from common.progress import ProgressLog
 from export.calibration import CASCADE_TASKS
 from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
 from export.repository import served_teacher
-from export.variants import ALL_VARIANTS, DRAFT_VARIANTS
+from export.variants import ALL_VARIANTS, DRAFT_HEAD_TOKENS, DRAFT_VARIANTS
 from service.manifest import Task, TeacherRef
 
 console = line_console(stderr=True)
@@ -34,8 +34,11 @@ def _summary(result: ExportResult) -> Table:
         table.add_column(column, no_wrap=True)
     for r in result.variants:
         greedy = r.parity.greedy_match
+        how = [
+            x for x in (r.recipe, None if r.head_tokens is None else f"head {r.head_tokens} + context") if x
+        ]
         table.add_row(
-            r.variant if r.recipe is None else f"{r.variant} ({r.recipe})",
+            r.variant if not how else f"{r.variant} ({', '.join(how)})",
             f"{(r.size_bytes + r.data_bytes) / 1e6:.2f}",
             f"{r.parity.max_abs_diff:.2e}",
             f"{r.parity.top1_agreement if r.parity.min_cosine is None else r.parity.min_cosine:.4f}",
@@ -242,6 +245,15 @@ def main(
             "better, while the student answers with its own weights."
         ),
     ] = None,
+    draft_head_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="The draft variant's output head scores the vocabulary's first N ids (a byte-level BPE's "
+            "most frequent) plus the tokens of the contexts it drafts for, not every token: a cheaper draft "
+            "step (the teacher checks every token). 0: the whole vocabulary.",
+        ),
+    ] = DRAFT_HEAD_TOKENS,
     opset: Annotated[int | None, typer.Option(help="ONNX opset; default: optimum's choice.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the generated parity inputs.")] = 0,
 ) -> None:
@@ -279,7 +291,7 @@ def main(
                 seed=seed, eval_data=eval_data, max_length=max_length,
             )  # fmt: skip
             found = _pair(teacher_dir, teacher, teacher_name or f"{name}-teacher", export_teacher, eval_data)
-            pair = PairSpec(found.teacher, found.teacher_dir, cascade_target, draft_from)
+            pair = PairSpec(found.teacher, found.teacher_dir, cascade_target, draft_from, draft_head_tokens)
         result = _export(
             model_dir, cast(Task, task), name, repository, wanted, opset, seed, eval_data, max_length, pair
         )
