@@ -42,10 +42,13 @@ def attach_drafts(models: list[EngineModel], settings: Settings, teachers: Engin
             settings.speculative_confidence,
         )
         log.info(
-            "speculative decoding: %s (%s) drafts for %s, k=%d (ending a round below %.2f), while at most %s "
-            "sequences decode",
-            student.name,
-            "its draft variant" if draft.engine is student.draft_engine else student.variant,
+            "speculative decoding: %s v%d (%s) drafts for %s, k=%d (ending a round below %.2f), while at "
+            "most %s sequences decode",
+            *_named(student),
+            "its draft variant"
+            + ("" if draft.head is None else f", its head {draft.head.tokens} ids + the context's")
+            if draft.engine is student.draft_engine
+            else student.variant,
             teacher.name,
             settings.speculative_tokens,
             settings.speculative_confidence,

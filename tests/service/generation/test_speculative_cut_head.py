@@ -138,4 +138,7 @@ def test_a_served_teacher_drafts_with_the_cut_variant(
             assert a.json()["generated_text"] == b.json()["generated_text"]
         metrics = fast.get("/metrics").text
         assert metric_value(metrics, "distilserve_draft_tokens_total", model="lm-teacher") > 0
-    assert "speculative decoding: lm (its draft variant) drafts for lm-teacher" in caplog.text
+    assert (
+        f"speculative decoding: lm v1 (its draft variant, its head {HEAD_TOKENS} ids + the context's) drafts"
+        in caplog.text
+    )

@@ -175,7 +175,7 @@ def test_a_students_draft_variant_drafts_and_the_text_stays_the_teachers(
         student = next(m for m in fast.get("/v1/models").json()["models"] if m["name"] == "lm")
         assert student["variant"] == "fp32" and "draft" in student["variants"]
     drafted_with = "its draft variant" if draft == "auto" else "fp32"
-    assert f"speculative decoding: lm ({drafted_with}) drafts for lm-teacher" in caplog.text
+    assert f"speculative decoding: lm v1 ({drafted_with}) drafts for lm-teacher" in caplog.text
 
 
 def test_a_draft_variant_that_does_not_load_leaves_the_student_serving(
@@ -199,7 +199,7 @@ def test_a_draft_variant_that_does_not_load_leaves_the_student_serving(
             body = {"model": model, "prompt": "Acme was founded", "max_new_tokens": 8}
             assert client.post("/v1/generate", json=body).status_code == 200
     assert "lm v1: its draft variant did not load" in caplog.text
-    assert "speculative decoding: lm (fp32) drafts for lm-teacher" in caplog.text
+    assert "speculative decoding: lm v1 (fp32) drafts for lm-teacher" in caplog.text
 
 
 def test_a_draft_variant_that_does_not_pay_is_released(drafting_pair: Path) -> None:
