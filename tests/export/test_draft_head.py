@@ -1,6 +1,6 @@
 """A draft's head cut to the first ids plus the contexts' (export/draft_head.py): the same numbers as the
-uncut 8-bit head in every column it scores, the gate judging it over the whole vocabulary, the manifest
-saying so, and heads it cannot cut refused with a reason."""
+uncut 8-bit head in every column it scores, and heads it cannot cut refused with a reason. (The export of
+a cut draft, its manifest and gate: tests/export/test_llama_export.py.)"""
 
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ import pytest
 from common.draft_head import CONTEXT_INPUT, HEAD_TOKENS_KEY, DraftHead
 from export.draft_head import restrict_head
 from export.onnx_export import export_onnx
-from export.pipeline import PairSpec, export_model
 from export.variants import build_draft
-from service.manifest import TeacherRef
-from service.repository import read_version
-from tests.tiny_models import CORPUS
 
 
 @pytest.fixture(scope="module")
@@ -86,27 +82,3 @@ def test_a_head_it_cannot_read_is_refused_with_a_reason(fp32: Path) -> None:
     model = onnx.load(str(fp32))  # fp32: the logits come from a plain MatMul, not 8-bit blocks
     with pytest.raises(ValueError, match="MatMulNBits"):
         restrict_head(model, 8)
-
-
-def test_export_writes_the_cut_into_the_manifest_and_gates_the_whole_head(
-    tiny_llama_dir: Path, vocabulary: int, tmp_path: Path
-) -> None:
-    eval_text = tmp_path / "eval.txt"
-    eval_text.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
-    tokens = vocabulary // 4
-    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir, draft_head_tokens=tokens)
-    result = export_model(
-        tiny_llama_dir,
-        "text-generation",
-        "llama",
-        tmp_path / "repo",
-        ("fp32", "draft"),
-        eval_data=eval_text,
-        pair=pair,
-    )
-    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "draft": []}
-    assert result.version_dir is not None
-    manifest = read_version(result.version_dir).manifest
-    draft = manifest.variants["draft"]
-    assert draft.head_tokens == tokens and manifest.variants["fp32"].head_tokens is None
-    assert draft.parity["eval_rows"] > 0 and draft.parity["top1_agreement"] >= 0.85

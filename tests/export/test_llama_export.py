@@ -92,8 +92,11 @@ def test_a_students_draft_variant_has_its_head_and_tables_in_8_bits_and_drafts_o
     tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
 ) -> None:
     """The int8 variant keeps the tied head in fp32 (every answer would coarsen); a draft's answers are all
-    checked by its teacher, so its head is untied and quantized too: the step's largest weight."""
-    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir)
+    checked by its teacher, so its head is untied and quantized too: the step's largest weight. Its head is
+    cut (export/draft_head.py), the manifest says to how many ids, and the gate judged it whole."""
+    vocab = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
+    cut = vocab // 4
+    pair = PairSpec(TeacherRef(name="llama-teacher", version=1), tiny_llama_dir, draft_head_tokens=cut)
     result = export_model(
         tiny_llama_dir,
         "text-generation",
@@ -108,12 +111,12 @@ def test_a_students_draft_variant_has_its_head_and_tables_in_8_bits_and_drafts_o
     manifest = read_version(result.version_dir).manifest
     draft = manifest.variants["draft"]
     assert draft.drafts_only and not manifest.variants["fp32"].drafts_only
+    assert draft.head_tokens == cut and manifest.variants["fp32"].head_tokens is None
     assert draft.parity["top1_agreement"] >= 0.85 and draft.parity["eval_rows"] > 0
     graph = onnx.load(str(result.version_dir / draft.file)).graph
     blocked = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(blocked) == 2 * 4 + 1  # qkv, o, gate + up, down in each of the 2 layers, and the head
-    vocab = json.loads((tiny_llama_dir / "config.json").read_text())["vocab_size"]
-    tables = [i.name for i in graph.initializer if vocab in i.dims and "_scale" not in i.name]
+    tables = [i.name for i in graph.initializer if vocab in i.dims and "scale" not in i.name]
     assert tables and all(
         i.data_type != onnx.TensorProto.FLOAT for i in graph.initializer if i.name in tables
     )  # the head's weight and the lookup's table, both 8-bit

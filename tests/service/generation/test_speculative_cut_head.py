@@ -1,19 +1,17 @@
 """A draft whose output head is cut to the vocabulary's first ids plus the running contexts' (common/
 draft_head.py): it proposes only tokens it scores, is fed the rows' context ids when it drafts and none when
-it prefills, and the teacher's text (greedy) and distribution (sampled) stay its own."""
+it prefills, and the teacher's text (greedy) and distribution (sampled) stay its own. (Served:
+tests/service/generation/test_speculative_served.py's draft variant is cut.)"""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
 from common.draft_head import DraftHead
-from service.app import create_app
 from service.drafts import cut_head
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.speculative import SpeculativeRunner
@@ -27,7 +25,6 @@ from tests.service.generation.test_speculative import (
     one_distribution,
     sampled_openings,
 )
-from tests.service.test_app import metric_value
 from tests.tiny_models import export_lm_pair
 
 HEAD_TOKENS = 16  # of the tiny vocabulary's 355: most tokens are scored only when a context holds them
@@ -122,23 +119,3 @@ def test_sampled_text_keeps_the_teachers_distribution(parts: Parts) -> None:
     drafted = sampled_openings(speculative, range(1200))
     alone = sampled_openings(runner(parts, "lm-teacher"), range(10_000, 11_200))
     assert one_distribution(drafted, alone)
-
-
-def test_a_served_teacher_drafts_with_the_cut_variant(
-    cut_pair: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger="service.drafts")
-    on = Settings(model_repository=cut_pair, speculative="on", speculative_tokens=3)
-    off = Settings(model_repository=cut_pair, speculative="off")
-    with TestClient(create_app(on)) as fast, TestClient(create_app(off)) as plain:
-        for prompt in ("Acme was founded", "I loved this film", "Who"):
-            body = {"model": "lm-teacher", "prompt": prompt, "max_new_tokens": 16}
-            a, b = fast.post("/v1/generate", json=body), plain.post("/v1/generate", json=body)
-            assert a.status_code == b.status_code == 200
-            assert a.json()["generated_text"] == b.json()["generated_text"]
-        metrics = fast.get("/metrics").text
-        assert metric_value(metrics, "distilserve_draft_tokens_total", model="lm-teacher") > 0
-    assert (
-        f"speculative decoding: lm v1 (its draft variant, its head {HEAD_TOKENS} ids + the context's) drafts"
-        in caplog.text
-    )

@@ -149,8 +149,10 @@ def test_a_serving_teacher_drafts_with_its_students_new_version_and_alone_once_i
 
 @pytest.fixture(scope="module")
 def drafting_pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny pair with the student's draft variant beside its fp32 (export.variants.build_draft)."""
-    return export_lm_pair(tmp_path_factory.mktemp("lm-draft-pair"), student_variants=("fp32", "draft"))[0]
+    """The tiny pair with the student's draft variant beside its fp32 (export.variants.build_draft), its head
+    cut to 16 of the 355 ids and the contexts' (common/draft_head.py)."""
+    root = tmp_path_factory.mktemp("lm-draft-pair")
+    return export_lm_pair(root, student_variants=("fp32", "draft"), draft_head_tokens=16)[0]
 
 
 @pytest.mark.parametrize("draft", ["auto", "served"])
@@ -174,7 +176,7 @@ def test_a_students_draft_variant_drafts_and_the_text_stays_the_teachers(
         assert metric_value(metrics, "distilserve_draft_tokens_total", model="lm-teacher") > 0
         student = next(m for m in fast.get("/v1/models").json()["models"] if m["name"] == "lm")
         assert student["variant"] == "fp32" and "draft" in student["variants"]
-    drafted_with = "its draft variant" if draft == "auto" else "fp32"
+    drafted_with = "its draft variant, its head 16 ids + the context's" if draft == "auto" else "fp32"
     assert f"speculative decoding: lm v1 ({drafted_with}) drafts for lm-teacher" in caplog.text
 
 
