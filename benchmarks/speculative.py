@@ -231,7 +231,30 @@ def report(
             + f" | {'-' if not per_token else f'{statistics.median(per_token):.2f}'}"
             + f" | {'yes' if same else 'NO'} ({len(reference)} prompts) |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *by_round(runs, counts)]) + "\n"
+
+
+def by_round(runs: dict[str, list[dict[str, Any]]], counts: list[int]) -> list[str]:
+    """Each setting's x off in each round (a round's servers ran back to back: its ratio is the one the
+    machine's drift touches least), and how many requests the teacher alone finished at each stream count:
+    the load draws its prompts with the same seed for every server, so few requests are few prompts."""
+    lines = ["By round, x off:", ""]
+    for name, results in list(runs.items())[1:]:
+        for n in counts:
+            ratios = [
+                r["loads"][n]["tokens_per_s"] / off["loads"][n]["tokens_per_s"]
+                for r, off in zip(results, runs["off"], strict=False)
+            ]
+            lines.append(f"- {name}, {_streams(n)}: " + " / ".join(f"{x:.2f}x" for x in ratios))
+    requests = []
+    for n in counts:
+        finished = statistics.median(r["loads"][n].get("requests", 0) for r in runs["off"])
+        requests.append(f"{_streams(n)}: {finished:g}")
+    return [*lines, "", "Requests a server finished alone (median): " + ", ".join(requests) + "."]
+
+
+def _streams(n: int) -> str:
+    return f"{n} stream{'s' * (n > 1)}"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from benchmarks.speculative import draft_setting, plot, report
 
 
 def load(rate: float, ttft_ms: float = 40.0) -> dict[str, float]:
-    return {"tokens_per_s": rate, "ttft_p50_ms": ttft_ms}
+    return {"tokens_per_s": rate, "ttft_p50_ms": ttft_ms, "requests": 12}
 
 
 def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: Path) -> None:
@@ -69,6 +69,9 @@ def test_each_setting_is_reported_and_drawn_against_the_teacher_alone(tmp_path: 
     )
     assert "| 0.30 | 2.00 | - | NO (2 prompts) |" in rows["k=3"]  # a report from before the column
     assert rows["k=3"].endswith("| NO (2 prompts) |")  # a greedy text that differs is said so
+    assert "- k=2, 1 stream: 1.33x / 1.29x" in text and "- k=2, 16 streams: 0.77x / 0.68x" in text
+    assert "- k=3, 1 stream: 1.07x" in text  # a setting with fewer rounds: the rounds it has
+    assert "Requests a server finished alone (median): 1 stream: 12, 16 streams: 12." in text
     plot("lm-teacher", runs, [1, 16], tmp_path / "speculative.png")
     assert (tmp_path / "speculative.png").stat().st_size > 1000
 
