@@ -77,7 +77,10 @@ def decode(
 
 
 def version_of(versions: list[ModelVersion], ref: str) -> ModelVersion:
+    """NAME (its newest version) or NAME:VERSION, found in the repository, else a usage error."""
     name, _, number = ref.partition(":")
+    if number and not number.isdigit():
+        raise typer.BadParameter(f"{ref!r}: NAME or NAME:VERSION, the version a number")
     found = [
         v for v in versions if v.manifest.name == name and (not number or v.manifest.version == int(number))
     ]
@@ -105,14 +108,18 @@ def main(
     settings = Settings.model_validate({"device": "cpu"})
     served = version_of(versions, teacher)
     layout = served.manifest.generation
-    assert layout is not None, f"{teacher} is not a generation model"
+    if layout is None:
+        raise typer.BadParameter(f"{teacher!r} is not a generation model", param_hint="--teacher")
     teacher_runner = DecoderRunner(ort_engine_factory(served, "fp32", settings), layout)
     runners: dict[str, DecoderRunner | SpeculativeRunner] = {"teacher alone": teacher_runner}
     for ref in draft:
-        ref_name, ref_version, *variant = ref.split(":")
-        student = version_of(versions, f"{ref_name}:{ref_version}")
-        assert student.manifest.generation is not None, f"{ref} is not a generation model"
-        chosen = variant[0] if variant else "draft"
+        parts = ref.split(":")
+        if len(parts) not in (2, 3):
+            raise typer.BadParameter(f"{ref!r}: NAME:VERSION or NAME:VERSION:VARIANT", param_hint="--draft")
+        student = version_of(versions, ":".join(parts[:2]))
+        chosen = parts[2] if len(parts) == 3 else "draft"
+        if student.manifest.generation is None or chosen not in student.manifest.variants:
+            raise typer.BadParameter(f"{ref!r}: not a generation model with a {chosen!r} variant")
         head = cut_head(student.manifest) if chosen == "draft" else None
         engine = ort_engine_factory(student, chosen, settings)
         drafting = DecoderRunner(engine, student.manifest.generation, head=head)

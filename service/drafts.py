@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from common.draft_head import DraftHead
+from common.draft_head import CONTEXT_INPUT, DraftHead
 from service.generation.runner import DecoderRunner
 from service.generation.speculative import SpeculativeRunner, pays_off
 from service.manifest import Manifest
@@ -104,8 +104,8 @@ def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings
     if teacher.manifest.tokenizer.sha256 != student.manifest.tokenizer.sha256:
         log.info("%s drafts nothing for %s: their tokenizers differ", student.name, teacher.name)
         return None
+    head = _checked_head(student)
     engine = student.draft_engine or student.engine
-    head = cut_head(student.manifest) if engine is student.draft_engine else None
     draft = DecoderRunner(engine, student.manifest.generation, settings.gen_prefill_tokens, head)
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
         if engine is student.draft_engine:  # timed and found too slow: it would sit loaded, never run
@@ -122,3 +122,24 @@ def cut_head(manifest: Manifest) -> DraftHead | None:
     if spec is None or spec.head_tokens is None or logits is None or not isinstance(logits.shape[-1], int):
         return None
     return DraftHead(spec.head_tokens, logits.shape[-1])
+
+
+def _checked_head(student: EngineModel) -> DraftHead | None:
+    """The draft variant's cut head, where its manifest and its graph agree on one. Where they disagree (a
+    hand-edited repository: the graph would be fed or read wrongly) the variant is released and the one
+    the student serves drafts instead."""
+    if student.draft_engine is None:
+        return None
+    head = cut_head(student.manifest)
+    if (head is not None) == (CONTEXT_INPUT in student.draft_engine.input_names):
+        return head
+    log.warning(
+        "%s v%d: its draft variant's graph %s %s, its manifest %s a cut head (variants.draft.head_tokens); "
+        "the variant it serves drafts instead",
+        *_named(student),
+        "lacks" if head is not None else "takes",
+        CONTEXT_INPUT,
+        "names" if head is not None else "names no",
+    )
+    student.draft_engine = None
+    return None

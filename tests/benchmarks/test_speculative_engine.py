@@ -47,3 +47,10 @@ def test_each_draft_is_timed_against_the_teacher_alone(pair: Path, tmp_path: Pat
     assert itself["teacher_steps"] < alone["teacher_steps"]
     report = (tmp_path / "out" / "speculative-engine-lm-teacher.md").read_text()
     assert "| lm-self:1 |" in report and "| lm:1:fp32 |" in report
+
+
+@pytest.mark.parametrize("draft", ["lm", "lm:x", "lm:9", "lm:1:int8"])
+def test_a_draft_it_cannot_find_is_a_usage_error(pair: Path, tmp_path: Path, draft: str) -> None:
+    args = ["--repository", str(pair), "--teacher", "lm-teacher", "--draft", draft, "--texts", str(tmp_path)]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and draft in result.output

@@ -204,6 +204,29 @@ def test_a_draft_variant_that_does_not_load_leaves_the_student_serving(
     assert "speculative decoding: lm v1 (fp32) drafts for lm-teacher" in caplog.text
 
 
+def test_a_draft_whose_manifest_and_graph_disagree_on_its_head_leaves_the_served_variant_drafting(
+    drafting_pair: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A manifest that no longer names the cut head its graph takes (hand-edited): the graph would be fed
+    wrongly, so it is let go and the variant the student serves drafts; the teacher's text is its own."""
+    repository = tmp_path / "models"
+    shutil.copytree(drafting_pair, repository)
+    manifest_file = repository / "lm" / "1" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["variants"]["draft"]["head_tokens"] = None
+    manifest_file.write_text(json.dumps(manifest))
+    caplog.set_level(logging.INFO)
+    on = Settings(model_repository=repository, speculative="on", speculative_tokens=3)
+    off = Settings(model_repository=repository, speculative="off")
+    with TestClient(create_app(on)) as fast, TestClient(create_app(off)) as plain:
+        body = {"model": "lm-teacher", "prompt": "Acme was founded", "max_new_tokens": 12}
+        a, b = fast.post("/v1/generate", json=body), plain.post("/v1/generate", json=body)
+        assert a.status_code == b.status_code == 200
+        assert a.json()["generated_text"] == b.json()["generated_text"]
+    assert "lm v1: its draft variant's graph takes context_token_ids, its manifest names no" in caplog.text
+    assert "speculative decoding: lm v1 (fp32) drafts for lm-teacher" in caplog.text
+
+
 def test_a_draft_variant_that_does_not_pay_is_released(drafting_pair: Path) -> None:
     """`auto` times the draft variant against its teacher; found too slow (the tiny two are the same size),
     the teacher decodes alone and the variant's session is let go rather than kept loaded for nothing."""
