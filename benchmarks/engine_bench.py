@@ -30,6 +30,7 @@ from rich.progress import Progress
 
 from benchmarks.plots import saved_figure
 from common.cli import cli_app, print_warning
+from common.logit_positions import LOGIT_POSITIONS, every_position
 from common.progress import ProgressLog
 
 console = Console(stderr=True)
@@ -72,6 +73,7 @@ def _inputs(vocab_size: int, batch: int, seq: int, names: list[str], layout: dic
         "attention_mask": np.ones((batch, seq), dtype=np.int64),
         "token_type_ids": np.zeros((batch, seq), dtype=np.int64),
         "position_ids": np.tile(np.arange(seq, dtype=np.int64), (batch, 1)),
+        LOGIT_POSITIONS: every_position(batch, seq),
     }
     if layout is not None:
         empty = np.zeros((batch, layout["num_heads"], 0, layout["head_dim"]), dtype=np.float32)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.logit_positions import LOGIT_POSITIONS
 from export.tasks import APPENDING_TYPES, decoder_shape
 
 
@@ -51,6 +52,12 @@ def attend(
     probs = scores.softmax(dim=-1)
     out = probs[..., :past_length] @ past_v + probs[..., past_length:] @ v
     return out.reshape(batch, heads, length, head_dim).transpose(1, 2).reshape(batch, length, -1)
+
+
+def at_positions(h: torch.Tensor, logit_positions: torch.Tensor) -> torch.Tensor:
+    """h [batch, length, width] at each row's `logit_positions` [batch, n]: [batch, n, width]
+    (common/logit_positions.py: the output head scores only the positions a caller uses)."""
+    return h.gather(1, logit_positions[..., None].expand(-1, -1, h.shape[-1]))
 
 
 def allowed_positions(attention_mask: torch.Tensor, length: int, past_length: int) -> torch.Tensor:
@@ -105,6 +112,7 @@ class AppendingGPT2(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
+        logit_positions: torch.Tensor,
         *past: torch.Tensor,  # keys and values, layer by layer: [batch, heads, past positions, head_dim]
     ) -> tuple[torch.Tensor, ...]:
         allowed = allowed_positions(attention_mask, input_ids.shape[1], past[0].shape[2])
@@ -116,7 +124,7 @@ class AppendingGPT2(nn.Module):
             h = h + attended
             h = h + block.mlp(block.ln_2(h))
             presents += [k, v]
-        return (self.lm_head(self.ln_f(h)), *presents)
+        return (self.lm_head(at_positions(self.ln_f(h), logit_positions)), *presents)
 
 
 class AppendingLlamaAttention(nn.Module):
@@ -178,6 +186,7 @@ class AppendingLlama(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
+        logit_positions: torch.Tensor,
         *past: torch.Tensor,  # keys and values, layer by layer: [batch, kv_heads, past positions, head_dim]
     ) -> tuple[torch.Tensor, ...]:
         allowed = allowed_positions(attention_mask, input_ids.shape[1], past[0].shape[2])
@@ -192,7 +201,7 @@ class AppendingLlama(nn.Module):
             h = h + attended
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             presents += [k, v]
-        return (self.lm_head(self.norm(h)), *presents)
+        return (self.lm_head(at_positions(self.norm(h), logit_positions)), *presents)
 
 
 def appending_graph(model: Any) -> nn.Module:
@@ -218,13 +227,14 @@ def export_appending_decoder(model: Any, out: Path, opset: int, traced: bool = F
         export_fused_llama(model, out)
         return
     layers, _, kv_heads, head_dim = decoder_shape(model.config)
-    names_in = ["input_ids", "attention_mask", "position_ids"]
+    names_in = ["input_ids", "attention_mask", "position_ids", LOGIT_POSITIONS]
     names_out = ["logits"]
     dynamic: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch_size", 1: "sequence_length"},
         "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
         "position_ids": {0: "batch_size", 1: "sequence_length"},
-        "logits": {0: "batch_size", 1: "sequence_length"},
+        LOGIT_POSITIONS: {0: "batch_size", 1: "logit_positions"},
+        "logits": {0: "batch_size", 1: "logit_positions"},
     }
     for layer in range(layers):
         for kind in ("key", "value"):
@@ -238,6 +248,7 @@ def export_appending_decoder(model: Any, out: Path, opset: int, traced: bool = F
         torch.ones(batch, length, dtype=torch.int64),
         torch.ones(batch, past_length + length, dtype=torch.int64),
         torch.arange(past_length, past_length + length).repeat(batch, 1),
+        torch.tensor([[length - 1]] * batch),
         *(torch.zeros(batch, kv_heads, past_length, head_dim) for _ in range(2 * layers)),
     )
     # eval() on the wrapper itself: the exporter restores the wrapper's mode afterwards, recursively, and a

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from common.logit_positions import LOGIT_POSITIONS, last_position
 from service.manifest import GenerationLayout
 
 
@@ -33,6 +34,7 @@ def greedy_onnx(
             "input_ids": ids,
             "attention_mask": np.ones((1, total), dtype=np.int64),
             "position_ids": positions,
+            LOGIT_POSITIONS: last_position(1, ids.shape[1]),  # the one a token is chosen from
         }
         outputs = dict(
             zip(

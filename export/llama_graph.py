@@ -13,6 +13,7 @@ computed once per call and the rest ONNX Runtime's fused operators:
     scores = [FusedMatMul(q, past_k) | FusedMatMul(q, k)]   scaled, transposed in the multiply
     out = softmax(where(allowed, scores)) @ [past_v ; v]    as appending_decoder.attend, past never copied
     x @ W_down * (silu(x @ W_gate) * (x @ W_up))            gate and up in one multiply
+    logits = GatherND(norm(h), logit_positions) @ W_head    the head at the positions asked for only
 
 The weights are the Hugging Face model's own, transposed once here; a tied output head reads the embedding
 table through a Transpose, which ONNX Runtime folds at load and the int8 recipes see as tied, as with the
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.logit_positions import LOGIT_POSITIONS
 from export.tasks import decoder_shape
 
 if TYPE_CHECKING:
@@ -169,6 +171,9 @@ def fused_llama(model: Any, sink: WeightsFile | None = None) -> Any:
         out = _mlp(g, index, layer.mlp, x)
     norm = g.weight("norm", _vector(inner.norm))
     final = g.skip_norm(out, h, norm, eps)[0] if out else g.rms_norm(h, norm, eps)
+    # the head scores only the positions asked for (common/logit_positions.py): [B, S, H] -> [B, N, H]
+    wanted = g.one("Unsqueeze", [LOGIT_POSITIONS, g.ints("last_axis", [-1])])
+    final = g.one("GatherND", [final, wanted], batch_dims=1)
     if model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr():
         w_head = g.one("Transpose", [table], perm=[1, 0])  # tied: the table read twice, folded at load
     else:
@@ -280,9 +285,10 @@ def _model(g: _Graph, layers: int, kv_heads: int, head_dim: int, vocab: int) -> 
             "attention_mask", TensorProto.INT64, ["batch_size", "past_sequence_length + sequence_length"]
         ),
         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info(LOGIT_POSITIONS, TensorProto.INT64, ["batch_size", "logit_positions"]),
     ]
     outputs = [
-        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "logit_positions", vocab])
     ]
     for layer in range(layers):
         for kind in ("key", "value"):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from common.logit_positions import LOGIT_POSITIONS, every_position
 from export.parity import Feeds, Outputs, generated_batches
 from service.manifest import GenerationLayout, Task
 
@@ -174,6 +175,8 @@ def onnx_feeds(feeds: Feeds, input_names: Sequence[str], layout: GenerationLayou
             out[layout.past_key_name.format(layer=layer)] = empty
             out[layout.past_value_name.format(layer=layer)] = empty
         out["position_ids"] = position_ids(feeds["attention_mask"])
+        if LOGIT_POSITIONS in input_names:  # compared with PyTorch at every position
+            out[LOGIT_POSITIONS] = every_position(*feeds["input_ids"].shape)
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from common.draft_head import CONTEXT_INPUT, DraftHead
+from common.logit_positions import LOGIT_POSITIONS, ending_positions, every_position, last_position
 from service.engine import DeviceEngine, Engine
 from service.generation.device_cache import DeviceCache, RowGather
 from service.generation.sampling import Logprob, next_token, token_logprob
@@ -125,10 +126,12 @@ def _prefill_choices(
     end: int,
     logprobs: StepLogprobs | None,
     gathered: dict[int, list[Logprob]] | None,
+    ending: bool = False,
 ) -> dict[int, int]:
     """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in it,
     and the log-probabilities of the prompt tokens the chunk predicts, where asked: gathered in `gathered`
-    across chunks, and handed to `logprobs` with the first token."""
+    across chunks, and handed to `logprobs` with the first token. `ending`: the logits are [rows, 1, vocab],
+    each row's at its last position in the chunk only (`ending_positions`; nothing to gather then)."""
     tokens = {}
     for row, s in enumerate(seqs):
         n = len(s.prompt)
@@ -137,7 +140,7 @@ def _prefill_choices(
             predicted = logits[row, : min(end, n - 1) - start]
             add_prompt_logprobs(gathered, s, predicted, first=start + 1)
         if start <= n - 1 < end:
-            last = logits[row, n - 1 - start]
+            last = logits[row, 0 if ending else n - 1 - start]
             tokens[s.id] = next_token(last, s.params, s.prompt, s.rng)
             if logprobs is not None:
                 add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
@@ -162,6 +165,7 @@ class DecoderRunner:
         self.prefill_tokens = prefill_tokens
         self.head = head
         self.context = np.zeros(0, dtype=np.int64)
+        self.picks_logits = LOGIT_POSITIONS in engine.input_names  # common/logit_positions.py
         self._past_names = [
             (layout.past_key_name.format(layer=i), layout.past_value_name.format(layer=i))
             for i in range(layout.num_layers)
@@ -204,9 +208,16 @@ class DecoderRunner:
         positions: np.ndarray,
         past: list[tuple[Any, Any]],
         on_device: bool = False,
+        logit_positions: np.ndarray | None = None,
     ) -> dict[str, Any]:
-        """Past as host arrays, or `on_device` as a device cache's OrtValues: the presents stay there."""
+        """Past as host arrays, or `on_device` as a device cache's OrtValues: the presents stay there.
+        `logit_positions` [rows, n]: the positions whose logits are wanted, where the graph can pick them
+        (None: every position's)."""
         feeds: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions}
+        if self.picks_logits:
+            feeds[LOGIT_POSITIONS] = (
+                every_position(*input_ids.shape) if logit_positions is None else logit_positions
+            )
         for (key_name, value_name), (keys, values) in zip(self._past_names, past, strict=True):
             feeds[key_name], feeds[value_name] = keys, values
         if self.head is not None:
@@ -251,10 +262,17 @@ class DecoderRunner:
         self._prefilled = {i: c for i, c in self._prefilled.items() if i in fresh}
 
     def run_step(
-        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+        self,
+        input_ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        past: list[LayerCache],
+        last_only: bool = False,
     ) -> dict[str, Any]:
-        """One engine call on host arrays: several new positions per row are allowed (after a past)."""
-        return self._run(input_ids, mask, positions, past)
+        """One engine call on host arrays: several new positions per row are allowed (after a past), every
+        one's logits, or (`last_only`) the last column's alone where the graph can pick them."""
+        last = last_position(*input_ids.shape) if last_only else None
+        return self._run(input_ids, mask, positions, past, logit_positions=last)
 
     def presents(self, outputs: dict[str, Any]) -> list[tuple[Any, Any]]:
         return self._presents(outputs)
@@ -296,15 +314,28 @@ class DecoderRunner:
         prompt that ends in a chunk is done there: its first token chosen (`choose`), its cache kept to join
         the decode batch.
 
-        A call's logits are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in
-        one call are 1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for
-        good. And a step's chunk is what the running sequences wait for, a token each, while it runs."""
+        Where the graph picks positions (common/logit_positions.py) a chunk's logits are each row's last
+        position's, [rows, 1, vocab]; otherwise (optimum's graph, or prompt log-probabilities asked) they
+        are [rows, columns, vocab]: four 2,048-token prompts of a 49,152-token vocabulary in one call are
+        1.6 GB of logits alone, and ONNX Runtime's arena keeps the largest call's memory for good. And a
+        step's chunk is what the running sequences wait for, a token each, while it runs."""
         tokens: dict[int, int] = {}
         rows = len(batch.seqs)
+        lengths = np.array([len(s.prompt) for s in batch.seqs])
+        gathered = batch.prompt_logprobs if logprobs is not None else None
+        # the graph scores each row's last position in the chunk alone unless prompt log-probabilities
+        # need every one (a draft's prefill, which chooses nothing, uses none: the same single column)
+        ending = self.picks_logits and not any(s.params.prompt_logprobs is not None for s in batch.seqs)
         while not batch.done:
             start, end = batch.start, min(batch.width, batch.start + max(1, self.prefill_tokens // rows))
             mask = batch.mask[:, :end]
-            outputs = self._run(batch.ids[:, start:end], mask, batch.positions[:, start:end], batch.past)
+            outputs = self._run(
+                batch.ids[:, start:end],
+                mask,
+                batch.positions[:, start:end],
+                batch.past,
+                logit_positions=ending_positions(lengths, start, end) if ending else None,
+            )
             presents = self._presents(outputs)
             if self.layout.present_positions == "new":  # the appending graph returns the chunk's alone
                 presents = [
@@ -312,9 +343,10 @@ class DecoderRunner:
                     for (pk, pv), (k, v) in zip(batch.past, presents, strict=True)
                 ]
             batch.past, batch.start = presents, end
-            gathered = batch.prompt_logprobs if logprobs is not None else None
             if choose:
-                tokens |= _prefill_choices(batch.seqs, outputs["logits"], start, end, logprobs, gathered)
+                tokens |= _prefill_choices(
+                    batch.seqs, outputs["logits"], start, end, logprobs, gathered, ending
+                )
             for row, s in enumerate(batch.seqs):
                 n = len(s.prompt)
                 if start <= n - 1 < end:  # its prompt ends here: its cache joins the decode batch

@@ -244,7 +244,7 @@ class SpeculativeRunner:
                 self.draft.context = head.context([*s.prompt, *s.output] for s in rows)
                 cut = head, head.columns(self.draft.context)
             for j in range(max(k, 1)):
-                out = _feed(self.draft, draft_cache, feed)
+                out = _feed(self.draft, draft_cache, feed, last_only=True)
                 if j == k:  # k = 0: the pass only kept the draft's cache in step
                     break
                 logits = out["logits"][:, -1]
@@ -341,14 +341,17 @@ class SpeculativeRunner:
         return max(0, min(self.k, window_room, wanted))
 
 
-def _feed(runner: DecoderRunner, cache: SlotCache, ids: np.ndarray) -> dict[str, Any]:
-    """`ids` [rows, width] fed after each row's cached positions, the cache extended by them."""
+def _feed(
+    runner: DecoderRunner, cache: SlotCache, ids: np.ndarray, last_only: bool = False
+) -> dict[str, Any]:
+    """`ids` [rows, width] fed after each row's cached positions, the cache extended by them; the logits of
+    every position fed, or (`last_only`) of the last where the graph can pick."""
     past, mask, positions = cache.feeds()
     width = ids.shape[1]
     if width > 1:
         mask = np.concatenate([mask[:, :-1], np.ones((len(ids), width), dtype=mask.dtype)], axis=1)
         positions = positions + np.arange(width)
-    out = runner.run_step(ids, mask, positions, past)
+    out = runner.run_step(ids, mask, positions, past, last_only)
     presents = runner.presents(out)
     if width == 1:
         cache.append(presents)

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from common.logit_positions import LOGIT_POSITIONS, ending_positions, every_position
 from export.appending_decoder import export_appending_decoder
 from export.tasks import decoder_shape
 
@@ -38,8 +39,15 @@ def decoder(
     return model, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def _feeds(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[np.ndarray]) -> dict:
+def _feeds(
+    ids: np.ndarray,
+    mask: np.ndarray,
+    positions: np.ndarray,
+    past: list[np.ndarray],
+    logit_positions: np.ndarray | None = None,
+) -> dict:
     feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    feeds[LOGIT_POSITIONS] = every_position(*ids.shape) if logit_positions is None else logit_positions
     for layer in range(len(past) // 2):
         feeds[f"past_key_values.{layer}.key"] = past[2 * layer]
         feeds[f"past_key_values.{layer}.value"] = past[2 * layer + 1]
@@ -156,3 +164,30 @@ def test_a_llama_the_fused_graph_does_not_cover_is_traced_and_still_equals_pytor
     ids = np.array([tokens], dtype=np.int64)
     logits = session.run(None, _feeds(ids, np.ones_like(ids), np.arange(len(tokens))[None], empty))[0]
     np.testing.assert_allclose(logits[0], _reference(model, tokens), atol=1e-4)
+
+
+def test_logits_come_out_at_the_positions_asked_for_each_row(
+    decoder: tuple[Any, ort.InferenceSession],
+) -> None:
+    """`logit_positions` [rows, n] picks each row's positions to score (common/logit_positions.py): the
+    logits are the whole call's at those positions, the cache the same; a prefill asks for each prompt's
+    last position alone."""
+    model, session = decoder
+    layers, _, heads, head_dim = decoder_shape(model.config)
+    rng = np.random.default_rng(1)
+    lengths = np.array([7, 2, 5])
+    rows, width = len(lengths), int(lengths.max())
+    mask = (np.arange(width)[None] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(5, model.config.vocab_size, (rows, width)) * mask
+    positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    empty = [np.zeros((rows, heads, 0, head_dim), dtype=np.float32)] * (2 * layers)
+    every, *presents = session.run(None, _feeds(ids, mask, positions, empty))
+    picked = np.array([[6, 0], [1, 1], [2, 4]])
+    some, *same_presents = session.run(None, _feeds(ids, mask, positions, empty, picked))
+    assert some.shape == (rows, 2, every.shape[2])
+    np.testing.assert_allclose(some, np.take_along_axis(every, picked[..., None], axis=1), atol=1e-5)
+    for got, want in zip(same_presents, presents, strict=True):
+        np.testing.assert_array_equal(got, want)
+    ending = ending_positions(lengths, 0, width)
+    ends = session.run(["logits"], _feeds(ids, mask, positions, empty, ending))[0]
+    np.testing.assert_allclose(ends[:, 0], every[np.arange(rows), lengths - 1], atol=1e-5)

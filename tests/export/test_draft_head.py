@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from common.draft_head import CONTEXT_INPUT, HEAD_TOKENS_KEY, DraftHead
+from common.logit_positions import LOGIT_POSITIONS, every_position
 from export.draft_head import restrict_head
 from export.onnx_export import export_onnx
 from export.variants import build_draft
@@ -34,6 +35,7 @@ def run(path: Path, ids: np.ndarray, context: np.ndarray | None = None) -> np.nd
         "input_ids": ids,
         "attention_mask": np.ones_like(ids),
         "position_ids": np.tile(np.arange(ids.shape[1]), (len(ids), 1)),
+        LOGIT_POSITIONS: every_position(*ids.shape),
     }
     for i in session.get_inputs():
         if i.name.startswith("past_key_values"):

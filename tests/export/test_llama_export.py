@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from common.logit_positions import LOGIT_POSITIONS, every_position
 from export.greedy import greedy_onnx, greedy_torch
 from export.pipeline import PairSpec, export_model
 from export.tasks import SPECS, generation_layout, parity_extent
@@ -230,6 +231,7 @@ def test_a_draft_built_from_another_checkpoint_is_judged_against_it_and_the_stud
 
     ids = np.array([[5, 17, 42, 7, 99, 3]], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None]}
+    feeds[LOGIT_POSITIONS] = every_position(1, 6)
     for layer in range(2):
         for kind in ("key", "value"):
             feeds[f"past_key_values.{layer}.{kind}"] = np.zeros((1, 2, 0, 16), dtype=np.float32)

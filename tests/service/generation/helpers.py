@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from common.logit_positions import LOGIT_POSITIONS
 from service.generation.engine import GenerationEngine
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
@@ -53,13 +54,16 @@ def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> 
 
 
 class CallLog:
-    """An engine that logs each call's input width (columns of `input_ids`) and otherwise runs as it is."""
+    """An engine that logs each call's input width (columns of `input_ids`) and the positions it asked
+    logits of (`logit_positions`, None where not fed), and otherwise runs as it is."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.input_names = engine.input_names
         self.widths: list[int] = []
+        self.picked: list[Any] = []
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         self.widths.append(int(feeds["input_ids"].shape[1]))
+        self.picked.append(feeds.get(LOGIT_POSITIONS))
         return self.engine.run(feeds)

@@ -94,8 +94,8 @@ def record_logits(runner: DecoderRunner, into: dict[int, list[Any]]) -> None:
     """Each decode step's last-position logits, per sequence id (a spy on the runner's engine calls)."""
     run = runner._run
 
-    def spy(ids: Any, mask: Any, positions: Any, past: Any, on_device: bool = False) -> dict[str, Any]:
-        outputs = run(ids, mask, positions, past, on_device)
+    def spy(ids: Any, mask: Any, positions: Any, past: Any, on_device: bool = False, **picks: Any) -> Any:
+        outputs = run(ids, mask, positions, past, on_device, **picks)
         if mask.shape[1] > ids.shape[1]:  # a decode step: the mask covers the past too
             assert runner._cache is not None
             for seq_id, row in zip(runner._cache.ids, outputs["logits"][:, -1], strict=True):

@@ -152,9 +152,14 @@ class RecordingRunner(DecoderRunner):
         self.tops: list[float] = []
 
     def run_step(
-        self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[LayerCache]
+        self,
+        input_ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        past: list[LayerCache],
+        last_only: bool = False,
     ) -> dict[str, Any]:
-        out = super().run_step(input_ids, mask, positions, past)
+        out = super().run_step(input_ids, mask, positions, past, last_only)
         scores = out["logits"][:, -1].astype(np.float64)
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         self.widths.append(int(input_ids.shape[1]))
