@@ -24,8 +24,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from benchmarks.long_prompts import engine_core_rss
 from benchmarks.plots import saved_figure
-from benchmarks.servers import serve
+from benchmarks.servers import SERVER_PIDS, serve
 from benchmarks.streams import generation_load
 from common.cli import one_command_app
 from common.progress import ProgressLog
@@ -40,10 +41,15 @@ def measure(
     repository: Path, model: str, env: dict[str, str], prompts: list[str], streams: list[int], seconds: float,
     new_tokens: int,
 ) -> dict[int, dict[str, float]]:  # fmt: skip
-    """Each stream count's load on one fresh server of `repository`, after a short warm-up."""
+    """Each stream count's load on one fresh server of `repository`, after a short warm-up, and the engine
+    core's RSS (MiB) after it (ONNX Runtime's arena keeps the largest call's memory)."""
     with serve(repository, env) as base:
         generation_load(base, model, 2, 3, new_tokens=8, prompts=prompts)
-        return {n: generation_load(base, model, n, seconds, new_tokens, prompts) for n in streams}
+        figures = {}
+        for n in streams:
+            figures[n] = generation_load(base, model, n, seconds, new_tokens, prompts)
+            figures[n]["engine_core_mib"] = engine_core_rss(SERVER_PIDS[base])
+        return figures
 
 
 def median(rounds: Rounds, repository: str, streams: int, key: str) -> float:
@@ -58,8 +64,8 @@ def render(model: str, words: int, names: list[str], streams: list[int], rounds:
         f"`{command}`",
         "",
         "| repository | streams | tokens/s by round | TTFT p50 ms by round | TTFT p99 ms by round "
-        f"| tokens/s ÷ {first}'s (median) | errors |",
-        "|---|---|---|---|---|---|---|",
+        f"| tokens/s ÷ {first}'s (median) | engine core MiB after | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         for n in streams:
@@ -70,7 +76,8 @@ def render(model: str, words: int, names: list[str], streams: list[int], rounds:
                 for key, spec in (("tokens_per_s", ".1f"), ("ttft_p50_ms", ".0f"), ("ttft_p99_ms", ".0f"))
             )
             errors = sum(int(x["errors"]) for x in by_round)
-            lines.append(f"| {name} | {n} | {tokens} | {p50} | {p99} | {ratio:.3f}x | {errors} |")
+            rss = " / ".join(f"{x.get('engine_core_mib', 0):,.0f}" for x in by_round)
+            lines.append(f"| {name} | {n} | {tokens} | {p50} | {p99} | {ratio:.3f}x | {rss} | {errors} |")
     return "\n".join(lines) + "\n"
 
 
