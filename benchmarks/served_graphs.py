@@ -1,17 +1,22 @@
-"""One generation model's graphs from two or more repositories, served in turn: tokens/s and time to first
-token at each stream count, on prompts of a chosen length.
+"""One generation model served in turn from several repositories' graphs and/or prefix-cache budgets: tokens/s
+and time to first token at each stream count, on prompts of a chosen length.
 
     python -m benchmarks.served_graphs --model smollm2-teacher \\
         --repository build/real/smollm2/models-fused --repository build/real/smollm2/models-picked \\
         --texts ../shared/data/wikitext2_raw_valid.txt --words 200 --streams 1,16 --rounds 3
+    python -m benchmarks.served_graphs --model smollm2-teacher \\
+        --repository build/real/smollm2/models-picked --prefix-cache-mb 0,256 --shared-words 300 \\
+        --words 20 --texts ../shared/data/wikitext2_raw_valid.txt
 
-For a change of graph (an export's) rather than of the service (benchmarks.revisions): the same checkout
-serves each repository on a fresh server, the repositories alternating `--rounds` times (this machine's speed
-drifts within minutes: only side-by-side figures compare). Each streams `--new-tokens` tokens a request
-(ignore_eos) from each stream count's clients back to back for `--seconds`, the prompts `--words`-word
-openings of `--texts`' paragraphs (a prefill's cost grows with its prompt). DISTILSERVE_SPECULATIVE is
+For a change of graph (an export's) or of a generation setting rather than of the service's code
+(benchmarks.revisions): the same checkout serves each repository at each `--prefix-cache-mb` on a fresh
+server, all of them alternating `--rounds` times (this machine's speed drifts within minutes: only
+side-by-side figures compare). Each streams `--new-tokens` tokens a request (ignore_eos) from each stream
+count's clients back to back for `--seconds`, the prompts `--words`-word openings of `--texts`' paragraphs
+(a prefill's cost grows with its prompt), each after the same `--shared-words`-word preamble where given (a
+document asked many questions, a few-shot prompt: what a prefix cache is for). DISTILSERVE_SPECULATIVE is
 `--speculative` (off: a teacher decodes alone even where its repository pairs it with a student).
-Writes OUT/served-graphs-MODEL-wWORDS.{md,json,png}.
+Writes OUT/served-graphs-MODEL-wWORDS[-sharedN].{md,json,png}.
 """
 
 from __future__ import annotations
@@ -28,26 +33,35 @@ from benchmarks.long_prompts import engine_core_rss
 from benchmarks.plots import saved_figure
 from benchmarks.servers import SERVER_PIDS, serve
 from benchmarks.streams import generation_load
+from benchmarks.wrk_load import metric_totals
 from common.cli import one_command_app
 from common.progress import ProgressLog
 from loadtests.texts import openings
 
 console = Console(stderr=True)
 
-Rounds = list[dict[str, dict[int, dict[str, float]]]]  # round -> repository -> streams -> figures
+Rounds = list[dict[str, dict[int, dict[str, float]]]]  # round -> server -> streams -> figures
 
 
 def measure(
     repository: Path, model: str, env: dict[str, str], prompts: list[str], streams: list[int], seconds: float,
     new_tokens: int,
 ) -> dict[int, dict[str, float]]:  # fmt: skip
-    """Each stream count's load on one fresh server of `repository`, after a short warm-up, and the engine
-    core's RSS (MiB) after it (ONNX Runtime's arena keeps the largest call's memory)."""
+    """Each stream count's load on one fresh server of `repository`, after a short warm-up: the engine core's
+    RSS (MiB) after it (ONNX Runtime's arena keeps the largest call's memory), and the share of its prompt
+    tokens read from the prefix cache."""
     with serve(repository, env) as base:
         generation_load(base, model, 2, 3, new_tokens=8, prompts=prompts)
         figures = {}
         for n in streams:
+            before = metric_totals(base)
             figures[n] = generation_load(base, model, n, seconds, new_tokens, prompts)
+            after = metric_totals(base)
+            prompt, cached = (
+                after.get(name, 0.0) - before.get(name, 0.0)
+                for name in ("distilserve_prompt_tokens_total", "distilserve_prefix_cache_tokens_total")
+            )
+            figures[n]["cached_share"] = cached / prompt if prompt else 0.0
             figures[n]["engine_core_mib"] = engine_core_rss(SERVER_PIDS[base])
         return figures
 
@@ -56,16 +70,18 @@ def median(rounds: Rounds, repository: str, streams: int, key: str) -> float:
     return statistics.median(r[repository][streams][key] for r in rounds)
 
 
-def render(model: str, words: int, names: list[str], streams: list[int], rounds: Rounds, command: str) -> str:
+def render(
+    model: str, prompts: str, names: list[str], streams: list[int], rounds: Rounds, command: str
+) -> str:
     first = names[0]
     lines = [
-        f"# {model}'s graphs served in turn, {words}-word prompts (python -m benchmarks.served_graphs)",
+        f"# {model} served in turn, {prompts} (python -m benchmarks.served_graphs)",
         "",
         f"`{command}`",
         "",
-        "| repository | streams | tokens/s by round | TTFT p50 ms by round | TTFT p99 ms by round "
-        f"| tokens/s ÷ {first}'s (median) | engine core MiB after | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| server | streams | tokens/s by round | TTFT p50 ms by round | TTFT p99 ms by round "
+        f"| tokens/s ÷ {first}'s (median) | prompt tokens cached | engine core MiB after | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         for n in streams:
@@ -77,7 +93,10 @@ def render(model: str, words: int, names: list[str], streams: list[int], rounds:
             )
             errors = sum(int(x["errors"]) for x in by_round)
             rss = " / ".join(f"{x.get('engine_core_mib', 0):,.0f}" for x in by_round)
-            lines.append(f"| {name} | {n} | {tokens} | {p50} | {p99} | {ratio:.3f}x | {rss} | {errors} |")
+            cached = f"{median(rounds, name, n, 'cached_share'):.1%}"
+            lines.append(
+                f"| {name} | {n} | {tokens} | {p50} | {p99} | {ratio:.3f}x | {cached} | {rss} | {errors} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -96,11 +115,18 @@ def plot(path: Path, names: list[str], streams: list[int], rounds: Rounds) -> No
 
 def main(
     repository: Annotated[
-        list[Path], typer.Option(help="Repositories to serve in turn (two or more), each holding --model.")
+        list[Path], typer.Option(help="Repositories to serve in turn, each holding --model.")
     ],
     model: Annotated[str, typer.Option(help="The generation model's name in every repository.")],
     texts: Annotated[Path, typer.Option(help="Prompts: openings of this text file's paragraphs.")],
     words: Annotated[int, typer.Option(min=1, help="Words a prompt (its first words of a paragraph).")] = 200,
+    shared_words: Annotated[
+        int, typer.Option(min=0, help="Words of one preamble every prompt begins with (0: none).")
+    ] = 0,
+    prefix_cache_mb: Annotated[
+        str,
+        typer.Option(help="Comma list of DISTILSERVE_GEN_PREFIX_CACHE_MB, each repository served at each."),
+    ] = "",
     streams: Annotated[str, typer.Option(help="Comma list of concurrent streams.")] = "1,16",
     seconds: Annotated[float, typer.Option(help="Seconds of load per stream count.")] = 20.0,
     new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 32,
@@ -108,33 +134,48 @@ def main(
     speculative: Annotated[str, typer.Option(help="DISTILSERVE_SPECULATIVE for every server.")] = "off",
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
-    """Served generation from each repository's graph of one model, the repositories alternating."""
-    if len(repository) < 2:
-        raise typer.BadParameter("two or more, to compare", param_hint="--repository")
+    """Served generation of one model from each repository at each prefix-cache budget, alternating."""
+    budgets = [x.strip() for x in prefix_cache_mb.split(",") if x.strip()] or [""]
+    if len(repository) * len(budgets) < 2:
+        raise typer.BadParameter(
+            "two or more servers to compare: repositories x budgets", param_hint="--repository"
+        )
     missing = [str(r) for r in repository if not (r / model).is_dir()]
     if missing:
         raise typer.BadParameter(f"no {model} in {', '.join(missing)}", param_hint="--repository")
     counts = [int(x) for x in streams.split(",") if x.strip()]
     prompts = openings(texts, 200, words=words, seed=11)
-    env = {"DISTILSERVE_SPECULATIVE": speculative}
-    names = [str(r) for r in repository]
+    kind = f"{words}-word prompts"
+    if shared_words:
+        preamble = openings(texts, 1, words=shared_words, seed=5)[0]
+        prompts = [f"{preamble}\n\n{p}" for p in prompts]
+        kind += f" after the same {shared_words}-word preamble"
+    servers: dict[str, tuple[Path, dict[str, str]]] = {}
+    for path in repository:
+        for mb in budgets:
+            env = {"DISTILSERVE_SPECULATIVE": speculative}
+            name = str(path) if len(budgets) == 1 else f"{path}, prefix cache {mb} MB"
+            servers[name] = (path, env | ({"DISTILSERVE_GEN_PREFIX_CACHE_MB": mb} if mb else {}))
     results: Rounds = []
-    with ProgressLog("served graphs", rounds * len(repository), unit="servers", active=True) as progress:
+    with ProgressLog("served graphs", rounds * len(servers), unit="servers", active=True) as progress:
         for _ in range(rounds):
             results.append({})
-            for path, name in zip(repository, names, strict=True):
+            for name, (path, env) in servers.items():
                 progress.update(status=name)
                 results[-1][name] = measure(path, model, env, prompts, counts, seconds, new_tokens)
                 progress.update(advance=1)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"served-graphs-{model}-w{words}"
+    stem = out / f"served-graphs-{model}-w{words}{f'-shared{shared_words}' if shared_words else ''}"
     command = (
         f"python -m benchmarks.served_graphs --model {model} "
-        + " ".join(f"--repository {n}" for n in names)
+        + " ".join(f"--repository {path}" for path in repository)
+        + (f" --prefix-cache-mb {prefix_cache_mb}" if prefix_cache_mb else "")
+        + (f" --shared-words {shared_words}" if shared_words else "")
         + f" --texts {texts} --words {words} --streams {streams} --seconds {seconds:g} "
         f"--new-tokens {new_tokens} --rounds {rounds} --speculative {speculative}"
     )
-    report = render(model, words, names, counts, results, command)
+    names = list(servers)
+    report = render(model, kind, names, counts, results, command)
     stem.with_suffix(".md").write_text(report)
     stem.with_suffix(".json").write_text(json.dumps({"command": command, "rounds": results}, indent=2))
     plot(stem.with_suffix(".png"), names, counts, results)

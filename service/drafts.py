@@ -106,7 +106,13 @@ def _usable_draft(teacher: EngineModel, student: EngineModel, settings: Settings
         return None
     head = _checked_head(student)
     engine = student.draft_engine or student.engine
-    draft = DecoderRunner(engine, student.manifest.generation, settings.gen_prefill_tokens, head)
+    draft = DecoderRunner(
+        engine,
+        student.manifest.generation,
+        settings.gen_prefill_tokens,
+        head,
+        prefix_cache_bytes=settings.gen_prefix_cache_mb << 20,
+    )
     if settings.speculative == "auto" and not pays_off(teacher.engine, teacher.manifest, draft):
         if engine is student.draft_engine:  # timed and found too slow: it would sit loaded, never run
             student.draft_engine = None

@@ -233,6 +233,16 @@ class Metrics:
         self.generated_tokens = Counter(
             "distilserve_generated_tokens", "Tokens generated.", ["model"], registry=r
         )
+        # prefix cache hit rate = prefix cache tokens / prompt tokens
+        self.prompt_tokens = Counter(
+            "distilserve_prompt_tokens", "Prompt tokens prefilled (cached or run).", ["model"], registry=r
+        )
+        self.prefix_cache_tokens = Counter(
+            "distilserve_prefix_cache_tokens",
+            "Prompt tokens whose keys and values came from the prefix cache instead of a prefill.",
+            ["model"],
+            registry=r,
+        )
         # speculative decoding: acceptance = accepted / drafted; tokens a teacher step = 1 + accepted / checks
         self.draft_tokens = Counter(
             "distilserve_draft_tokens",
@@ -366,9 +376,13 @@ class Metrics:
 
         drafted, accepted = self.draft_tokens.labels(model), self.draft_tokens_accepted.labels(model)
         checks = self.speculative_checks.labels(model)
+        prompt, cached = self.prompt_tokens.labels(model), self.prefix_cache_tokens.labels(model)
 
         def on_step(plan: StepPlan, result: StepResult) -> None:
             tokens.inc(len(result.tokens) + sum(len(more) for more in result.more.values()))
+            if result.prompt_tokens:
+                prompt.inc(result.prompt_tokens)
+                cached.inc(result.cached_tokens)
             if result.checked:  # speculative decoding: tokens per teacher step = 1 + accepted / checks
                 drafted.inc(result.drafted)
                 accepted.inc(result.accepted)

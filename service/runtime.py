@@ -258,7 +258,12 @@ def _generation_core(
         max_waiting=settings.gen_max_waiting,
     )
     return GenerationCore(
-        DecoderRunner(engine, layout, prefill_tokens=settings.gen_prefill_tokens),
+        DecoderRunner(
+            engine,
+            layout,
+            prefill_tokens=settings.gen_prefill_tokens,
+            prefix_cache_bytes=settings.gen_prefix_cache_mb << 20,
+        ),
         Scheduler(config),
         layout.stop_ids(),
         executor,

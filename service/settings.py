@@ -186,6 +186,13 @@ class Settings(BaseSettings):
         description="KV-cache positions reserved across running sequences (prompt + max_new_tokens).",
     )
     gen_max_waiting: int = Field(256, ge=1, description="Generation requests waiting to join before 429.")
+    gen_prefix_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="Keys and values of prompts' first tokens kept per decoder, in blocks of 16 tokens, so "
+        "that a prompt beginning as an earlier one did (a chat template's system turn, a shared preamble) is "
+        "prefilled from where the shared blocks end; least recently used out. 0 = off.",
+    )
     gen_prefill_tokens: int = Field(
         512,
         ge=1,

@@ -34,6 +34,8 @@ from common.draft_head import CONTEXT_INPUT, DraftHead
 from common.logit_positions import LOGIT_POSITIONS, ending_positions, every_position, last_position
 from service.engine import DeviceEngine, Engine
 from service.generation.device_cache import DeviceCache, RowGather
+from service.generation.prefix_cache import PrefixCache
+from service.generation.prompt_batch import PromptBatch
 from service.generation.sampling import Logprob, next_token, token_logprob
 from service.generation.scheduler import PREFILL_TOKENS, StepPlan
 from service.generation.sequence import Sequence
@@ -51,6 +53,8 @@ class StepResult:
     accepted: int = 0  # of them, kept by the teacher
     checked: int = 0  # sequences whose drafts the teacher's pass checked (one teacher step each)
     logprobs: StepLogprobs = field(default_factory=lambda: StepLogprobs())
+    prompt_tokens: int = 0  # prompt tokens whose prefill began this step
+    cached_tokens: int = 0  # of them, read from the prefix cache instead of run
 
 
 # A step's first tokens handed out before its decode call (`DecoderRunner.execute`): sequence id -> token,
@@ -68,73 +72,24 @@ class StepLogprobs:
     prompts: dict[int, list[Logprob]] = field(default_factory=dict)
 
 
-@dataclass
-class PromptBatch:
-    """Prompts prefilled together, right-padded: their keys and values so far (columns [0, start)), and the
-    prompt log-probabilities gathered for rows whose first token is still to come."""
-
-    seqs: list[Sequence]
-    ids: np.ndarray  # [rows, width]
-    mask: np.ndarray
-    positions: np.ndarray
-    past: list[tuple[Any, Any]]
-    start: int = 0  # the next column to run
-    prompt_logprobs: dict[int, list[Logprob]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, seqs: Seq[Sequence], layout: GenerationLayout) -> PromptBatch:
-        width = max(len(s.prompt) for s in seqs)
-        ids = np.zeros((len(seqs), width), dtype=np.int64)
-        mask = np.zeros((len(seqs), width), dtype=np.int64)
-        for row, s in enumerate(seqs):
-            ids[row, : len(s.prompt)] = s.prompt
-            mask[row, : len(s.prompt)] = 1
-        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-        empty = np.zeros((len(seqs), layout.num_key_value_heads, 0, layout.head_dim), dtype=np.float32)
-        return cls(list(seqs), ids, mask, positions, [(empty, empty)] * layout.num_layers)
-
-    @property
-    def width(self) -> int:
-        return int(self.ids.shape[1])
-
-    @property
-    def done(self) -> bool:
-        """Every column run: each prompt through the model."""
-        return self.start >= self.width
-
-    def has(self, seq: Sequence) -> bool:
-        """Whether `seq` is one of this batch's prompts."""
-        return any(s.id == seq.id for s in self.seqs)
-
-    def keep(self, seqs: Seq[Sequence]) -> None:
-        """Only the rows of `seqs`, in their order (a prompt done or abandoned leaves)."""
-        if [s.id for s in seqs] == [s.id for s in self.seqs]:
-            return
-        row_of = {s.id: row for row, s in enumerate(self.seqs)}
-        rows = np.array([row_of[s.id] for s in seqs])
-        self.ids, self.mask, self.positions = self.ids[rows], self.mask[rows], self.positions[rows]
-        self.past = [(keys[rows], values[rows]) for keys, values in self.past]
-        self.seqs = list(seqs)
-        kept = {s.id for s in seqs}
-        self.prompt_logprobs = {i: lp for i, lp in self.prompt_logprobs.items() if i in kept}
-
-
 def _prefill_choices(
     seqs: Seq[Sequence],
     logits: np.ndarray,
     start: int,
     end: int,
+    lengths: np.ndarray,
     logprobs: StepLogprobs | None,
     gathered: dict[int, list[Logprob]] | None,
     ending: bool = False,
 ) -> dict[int, int]:
-    """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in it,
-    and the log-probabilities of the prompt tokens the chunk predicts, where asked: gathered in `gathered`
-    across chunks, and handed to `logprobs` with the first token. `ending`: the logits are [rows, 1, vocab],
-    each row's at its last position in the chunk only (`ending_positions`; nothing to gather then)."""
+    """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in it
+    (its `lengths` columns run), and the log-probabilities of the prompt tokens the chunk predicts, where
+    asked (prompts run whole): gathered in `gathered` across chunks, and handed to `logprobs` with the
+    first token. `ending`: the logits are [rows, 1, vocab], each row's at its last position in the chunk
+    only (`ending_positions`; nothing to gather then)."""
     tokens = {}
     for row, s in enumerate(seqs):
-        n = len(s.prompt)
+        n = int(lengths[row])
         if gathered is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
             # the chunk's positions start, start + 1, ... predict the prompt's tokens start + 1, ...
             predicted = logits[row, : min(end, n - 1) - start]
@@ -156,10 +111,13 @@ class DecoderRunner:
         layout: GenerationLayout,
         prefill_tokens: int = PREFILL_TOKENS,
         head: DraftHead | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         """`head`: a draft graph's cut head (common/draft_head.py): each call scores the ids below its
         `tokens` and those in `context`, which the speculative runner sets before drafting (empty, the
-        cheapest, for prefills, whose logits a draft does not use)."""
+        cheapest, for prefills, whose logits a draft does not use). `prefix_cache_bytes`: the budget of
+        prompts' first blocks kept for later prompts that begin alike (prefix_cache.py; 0: none), on a
+        graph that returns only the new positions (the host cache's)."""
         self.engine = engine
         self.layout = layout
         self.prefill_tokens = prefill_tokens
@@ -181,6 +139,9 @@ class DecoderRunner:
         self._device = cache_device(engine, layout)
         self._keep = frozenset(name for pair in self._present_names for name in pair)
         self.row_gather = RowGather(self._device) if self._device is not None else None  # joins, leaves
+        appends = layout.present_positions == "new"
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes and appends else None
+        self._counted = [0, 0]  # prompt tokens whose prefill began, of them cached, since last taken
 
     def execute(self, plan: StepPlan, first_tokens: FirstTokens | None = None) -> StepResult:
         """The step: the prompts' prefill (one chunk of it while sequences decode, so they wait for a chunk,
@@ -199,7 +160,15 @@ class DecoderRunner:
         else:
             self._cache = None  # nothing runs on: its cache is nobody's
         self.keep_prefilled({s.id for s in plan.prefill})
-        return StepResult(tokens, prefilled - started, time.perf_counter() - prefilled, logprobs=logprobs)
+        prompt, cached = self.take_prompt_counts()
+        return StepResult(
+            tokens,
+            prefilled - started,
+            time.perf_counter() - prefilled,
+            logprobs=logprobs,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+        )
 
     def _run(
         self,
@@ -245,7 +214,19 @@ class DecoderRunner:
     def prefill_aside(self, seqs: Seq[Sequence]) -> None:
         """Contexts prefilled whole, without choosing, beside whatever prompts are under way (a draft
         catching up on sequences already running): their caches join the decode batch at the next step."""
-        self._run_prompts(PromptBatch.of(seqs, self.layout), False, None, whole=True)
+        self._run_prompts(self._batch(seqs), False, None, whole=True)
+
+    def _batch(self, seqs: Seq[Sequence]) -> PromptBatch:
+        """New prompts as a batch, their cached blocks found, and counted."""
+        batch = PromptBatch.of(seqs, self.layout, self.prefixes)
+        self._counted[0] += sum(len(s.prompt) for s in seqs)
+        self._counted[1] += int(batch.cached.sum())
+        return batch
+
+    def take_prompt_counts(self) -> tuple[int, int]:
+        """(prompt tokens whose prefill began, of them read from the prefix cache) since the last call."""
+        counted, self._counted = self._counted, [0, 0]
+        return counted[0], counted[1]
 
     @property
     def prefilling(self) -> bool:
@@ -298,10 +279,10 @@ class DecoderRunner:
             under_way.keep(going_on)
             tokens |= self._run_prompts(under_way, choose, logprobs, whole)
             if new:
-                tokens |= self._run_prompts(PromptBatch.of(new, self.layout), choose, logprobs, whole=True)
+                tokens |= self._run_prompts(self._batch(new), choose, logprobs, whole=True)
             self._prompts = None if under_way.done else under_way
         elif new:
-            batch = PromptBatch.of(new, self.layout)
+            batch = self._batch(new)
             tokens |= self._run_prompts(batch, choose, logprobs, whole)
             self._prompts = None if batch.done else batch
         return tokens
@@ -321,17 +302,16 @@ class DecoderRunner:
         step's chunk is what the running sequences wait for, a token each, while it runs."""
         tokens: dict[int, int] = {}
         rows = len(batch.seqs)
-        lengths = np.array([len(s.prompt) for s in batch.seqs])
+        lengths = batch.lengths
         gathered = batch.prompt_logprobs if logprobs is not None else None
         # the graph scores each row's last position in the chunk alone unless prompt log-probabilities
         # need every one (a draft's prefill, which chooses nothing, uses none: the same single column)
         ending = self.picks_logits and not any(s.params.prompt_logprobs is not None for s in batch.seqs)
         while not batch.done:
             start, end = batch.start, min(batch.width, batch.start + max(1, self.prefill_tokens // rows))
-            mask = batch.mask[:, :end]
             outputs = self._run(
                 batch.ids[:, start:end],
-                mask,
+                batch.mask_to(end),
                 batch.positions[:, start:end],
                 batch.past,
                 logit_positions=ending_positions(lengths, start, end) if ending else None,
@@ -345,12 +325,13 @@ class DecoderRunner:
             batch.past, batch.start = presents, end
             if choose:
                 tokens |= _prefill_choices(
-                    batch.seqs, outputs["logits"], start, end, logprobs, gathered, ending
+                    batch.seqs, outputs["logits"], start, end, lengths, logprobs, gathered, ending
                 )
             for row, s in enumerate(batch.seqs):
-                n = len(s.prompt)
-                if start <= n - 1 < end:  # its prompt ends here: its cache joins the decode batch
-                    self._prefilled[s.id] = [(k[row, :, :n], v[row, :, :n]) for k, v in presents]
+                if start <= lengths[row] - 1 < end:  # its prompt ends here: its cache joins the decode batch
+                    self._prefilled[s.id] = batch.row_cache(presents, row, end)
+                    if self.prefixes is not None:
+                        self.prefixes.add(s.prompt, self._prefilled[s.id])
             if not whole:
                 break
         return tokens

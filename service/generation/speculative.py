@@ -199,7 +199,12 @@ class SpeculativeRunner:
         if self.draft is not None:
             self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
-        return StepResult(tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs)
+        prompt, cached = self.teacher.take_prompt_counts()
+        if self.draft is not None:
+            self.draft.take_prompt_counts()  # the teacher's prompts are the ones counted
+        return StepResult(
+            tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs, prompt, cached
+        )
 
     def _step(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> tuple[dict[int, list[int]], int]:
         """Each sequence's emitted tokens, and the number drafted for each; the teacher's log-probabilities

@@ -44,6 +44,22 @@ def test_both_graphs_are_served_in_turn_and_reported_side_by_side(
     assert (tmp_path / "out" / f"served-graphs-{MODEL}-w12.png").stat().st_size > 0
 
 
+def test_a_repository_at_two_prefix_cache_budgets_is_served_in_turn(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """Prompts that share a preamble, served without a prefix cache and with one: the report names both
+    servers, and only the one with a cache read prompt tokens from it."""
+    args = ["--model", MODEL, "--repository", str(tiny_repository), "--prefix-cache-mb", "0,1"]
+    args += ["--texts", str(texts_file(tmp_path / "texts.txt")), "--shared-words", "24", "--words", "3"]
+    args += ["--streams", "1", "--seconds", "1", "--new-tokens", "4", "--rounds", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (measured,) = json.loads((tmp_path / f"served-graphs-{MODEL}-w3-shared24.json").read_text())["rounds"]
+    off, on = (measured[f"{tiny_repository}, prefix cache {mb} MB"]["1"] for mb in (0, 1))
+    assert off["errors"] == on["errors"] == 0 and off["requests"] > 0 and on["requests"] > 0
+    assert off["cached_share"] == 0 and on["cached_share"] > 0.3
+
+
 def test_one_repository_or_one_without_the_model_is_refused(tiny_repository: Path, tmp_path: Path) -> None:
     texts = str(texts_file(tmp_path / "texts.txt"))
     one = ["--model", MODEL, "--repository", str(tiny_repository), "--texts", texts]
