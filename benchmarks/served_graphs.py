@@ -66,6 +66,19 @@ def measure(
         return figures
 
 
+def preamble(texts: Path, words: int) -> str:
+    """`words` words of `texts`' paragraphs run together: one document every prompt quotes (a paragraph
+    alone is often shorter than asked)."""
+    paragraphs = openings(texts, 40, words=words, seed=5)
+    return " ".join(" ".join(paragraphs).split()[:words])
+
+
+def spread(prompts: list[str]) -> str:
+    """The prompts' words: median (least to most); an opening is cut at a paragraph's end."""
+    counts = [len(p.split()) for p in prompts]
+    return f"{statistics.median(counts):g} words a prompt ({min(counts)} to {max(counts)})"
+
+
 def median(rounds: Rounds, repository: str, streams: int, key: str) -> float:
     return statistics.median(r[repository][streams][key] for r in rounds)
 
@@ -145,11 +158,12 @@ def main(
         raise typer.BadParameter(f"no {model} in {', '.join(missing)}", param_hint="--repository")
     counts = [int(x) for x in streams.split(",") if x.strip()]
     prompts = openings(texts, 200, words=words, seed=11)
-    kind = f"{words}-word prompts"
+    kind = f"openings of up to {words} words"
     if shared_words:
-        preamble = openings(texts, 1, words=shared_words, seed=5)[0]
-        prompts = [f"{preamble}\n\n{p}" for p in prompts]
+        shared = preamble(texts, shared_words)
+        prompts = [f"{shared}\n\n{p}" for p in prompts]
         kind += f" after the same {shared_words}-word preamble"
+    kind += f": {spread(prompts)}"
     servers: dict[str, tuple[Path, dict[str, str]]] = {}
     for path in repository:
         for mb in budgets:
