@@ -68,6 +68,7 @@ def test_the_panels_the_issue_asks_for() -> None:
         "errors by status": ("by (status)", "distilserve_requests_total"),
         "time to first token": ("distilserve_time_to_first_token_seconds_bucket",),
         "tokens per second": ("rate(distilserve_generated_tokens_total",),
+        "prefix cache share": ("distilserve_prefix_cache_tokens_total", "distilserve_prompt_tokens_total"),
     }
     missing = [what for what, parts in wanted.items() if panel_reading(*parts) is None]
     assert not missing, missing
