@@ -323,12 +323,14 @@ class RemoteEngine:
 
     def _tokens(self, message: ipc.Tokens) -> None:
         by_generator: dict[int, tuple[RemoteGenerator, list[Produced]]] = {}
-        for request_id, token, index, finish, logprob, prompt in message.items:
+        for request_id, token, index, finish, logprob, prompt, cached in message.items:
             entry = self._streams.get(request_id)
             if entry is None:
                 continue
             generator, seq = entry
             seq.output.append(token)
+            if index == 0:
+                seq.cached_tokens = cached
             reason: FinishReason | None = finish or None  # type: ignore[assignment]
             if reason is not None:
                 self._streams.pop(request_id, None)

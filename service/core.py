@@ -287,7 +287,15 @@ class EngineCore:
                 continue
             stream = entry[0]
             by_peer.setdefault(stream.peer, []).append(
-                (stream.request_id, token, index, finish or "", logprob, prompt)
+                (
+                    stream.request_id,
+                    token,
+                    index,
+                    finish or "",
+                    logprob,
+                    prompt,
+                    seq.cached_tokens * (index == 0),
+                )
             )
             if finish is not None:
                 self._forget(seq)

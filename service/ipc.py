@@ -165,8 +165,8 @@ class Encoded(msgspec.Struct, tag=True, array_like=True):
 
 
 # request id, token, its index, finish reason or "", its log-probabilities and (its first token only) the
-# prompt's, where the request asked
-TokenItem = tuple[int, int, int, str, Logprob | None, list[Logprob] | None]
+# prompt's, where the request asked, and (its first token only, else 0) its prompt tokens the prefix cache had
+TokenItem = tuple[int, int, int, str, Logprob | None, list[Logprob] | None, int]
 
 
 class Tokens(msgspec.Struct, tag=True, array_like=True):

@@ -214,13 +214,17 @@ class DecoderRunner:
     def prefill_aside(self, seqs: Seq[Sequence]) -> None:
         """Contexts prefilled whole, without choosing, beside whatever prompts are under way (a draft
         catching up on sequences already running): their caches join the decode batch at the next step."""
-        self._run_prompts(self._batch(seqs), False, None, whole=True)
+        self._run_prompts(self._batch(seqs, answering=False), False, None, whole=True)
 
-    def _batch(self, seqs: Seq[Sequence]) -> PromptBatch:
-        """New prompts as a batch, their cached blocks found, and counted."""
+    def _batch(self, seqs: Seq[Sequence], answering: bool) -> PromptBatch:
+        """New prompts as a batch, their cached blocks found; counted, and each sequence's cached tokens
+        noted, where this model answers them (a draft's prefill is neither)."""
         batch = PromptBatch.of(seqs, self.layout, self.prefixes)
-        self._counted[0] += sum(len(s.prompt) for s in seqs)
-        self._counted[1] += int(batch.cached.sum())
+        if answering:
+            self._counted[0] += sum(len(s.prompt) for s in seqs)
+            self._counted[1] += int(batch.cached.sum())
+            for s, cached in zip(batch.seqs, batch.cached, strict=True):
+                s.cached_tokens = int(cached)
         return batch
 
     def take_prompt_counts(self) -> tuple[int, int]:
@@ -279,10 +283,10 @@ class DecoderRunner:
             under_way.keep(going_on)
             tokens |= self._run_prompts(under_way, choose, logprobs, whole)
             if new:
-                tokens |= self._run_prompts(self._batch(new), choose, logprobs, whole=True)
+                tokens |= self._run_prompts(self._batch(new, choose), choose, logprobs, whole=True)
             self._prompts = None if under_way.done else under_way
         elif new:
-            batch = self._batch(new)
+            batch = self._batch(new, choose)
             tokens |= self._run_prompts(batch, choose, logprobs, whole)
             self._prompts = None if batch.done else batch
         return tokens

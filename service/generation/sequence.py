@@ -53,6 +53,7 @@ class Sequence:
     last_token_at: float | None = None
     # a sampled request's: when each of its first TRACED_TOKENS tokens reached its stream (None: not traced)
     token_times: list[float] | None = None
+    cached_tokens: int = 0  # of its prompt, read from the answering model's prefix cache (usage details)
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     rng: np.random.Generator | None = None
     detokenizer: Detokenizer | None = None  # set by the engine that streams it

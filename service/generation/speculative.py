@@ -200,8 +200,6 @@ class SpeculativeRunner:
             self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
         prompt, cached = self.teacher.take_prompt_counts()
-        if self.draft is not None:
-            self.draft.take_prompt_counts()  # the teacher's prompts are the ones counted
         return StepResult(
             tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs, prompt, cached
         )

@@ -97,6 +97,7 @@ class Completion(TypedDict):
     generated_text: str
     tokens: int
     prompt_tokens: int
+    cached_tokens: int  # of them, read from the prefix cache
     finish_reason: str
 
 
@@ -177,6 +178,7 @@ async def complete(prepared: Prepared, on_event: Callable[[TokenEvent], None] | 
         generated_text=text,
         tokens=seq.streamed,
         prompt_tokens=len(seq.prompt),
+        cached_tokens=seq.cached_tokens,
         finish_reason=seq.finish_reason or "length",
     )
 

@@ -45,11 +45,13 @@ OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 # -- one answering path, two shapes -----------------------------------------------------------------------
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache had."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -200,10 +202,9 @@ class Answer:
             | {"index": c.index}
             for c, r in zip(self.choices, results, strict=True)
         ]
-        prompt_tokens = sum(
-            r["prompt_tokens"] for c, r in zip(self.choices, results, strict=True) if c.counts_prompt
-        )
-        usage = _usage(prompt_tokens, sum(r["tokens"] for r in results))
+        counted = [r for c, r in zip(self.choices, results, strict=True) if c.counts_prompt]
+        prompt_tokens, cached = (sum(r[key] for r in counted) for key in ("prompt_tokens", "cached_tokens"))
+        usage = _usage(prompt_tokens, sum(r["tokens"] for r in results), cached)
         return self.envelope(self.shape.whole, choices) | {"usage": usage}
 
     async def _events(
@@ -229,17 +230,15 @@ class Answer:
                     yield opening + b"".join(chunks)
                     opening = b""
             if include_usage:
-                prompt_tokens = sum(
-                    len(seq.prompt)
-                    for c, (seq, _) in zip(self.choices, opened, strict=True)
-                    if c.counts_prompt
-                )
+                counted = [seq for c, (seq, _) in zip(self.choices, opened, strict=True) if c.counts_prompt]
+                prompt_tokens = sum(len(seq.prompt) for seq in counted)
+                cached = sum(seq.cached_tokens for seq in counted)
                 made = sum(
                     seq.streamed
                     for c, (seq, _) in zip(self.choices, opened, strict=True)
                     if not c.scores_only
                 )
-                usage = _usage(prompt_tokens, made)
+                usage = _usage(prompt_tokens, made, cached)
                 yield sse(self.envelope(kind, []) | {"usage": usage})
         except Exception as e:  # the stream has started: the error travels as an event (issue 26, point 4)
             stream_failed(x, e)

@@ -3,9 +3,11 @@ end, with the keys, values, first tokens and greedy text of running them whole."
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +22,7 @@ from service.settings import Settings
 from tests.conftest import TASK_MODEL_NAMES
 from tests.service.generation.conftest import Loaded
 from tests.service.generation.test_speculative import generate, scheduled
+from tests.service.live_server import live_server
 from tests.service.test_app import metric_value
 
 SHARED = list(range(100, 140))  # 40 tokens: two whole blocks of 16, and 8 more
@@ -172,3 +175,22 @@ def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cac
     )
     assert metric_value(metrics, "distilserve_prefix_cache_tokens_total", model=model) >= 16
     assert metric_value(plain_metrics, "distilserve_prefix_cache_tokens_total") == 0
+
+
+def test_openai_usage_says_how_many_prompt_tokens_were_cached(lm_only: Path) -> None:
+    """`usage.prompt_tokens_details.cached_tokens`, as OpenAI reports it: none the first time a prompt is
+    seen, its whole cached blocks after (whole and streamed answers alike), from the engine core through a
+    frontend (`python -m service`)."""
+    model = TASK_MODEL_NAMES["text-generation"]
+    prompt = "Acme was founded by John Smith in 1950 in the city of Springfield. " * 2
+    body = {"model": model, "prompt": prompt, "max_tokens": 3, "temperature": 0}
+    streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
+    with live_server(lm_only) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
+        first, again = (client.post("/v1/completions", json=body).json()["usage"] for _ in range(2))
+        with client.stream("POST", "/v1/completions", json=streamed) as r:
+            events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: {")]
+        streamed_usage = json.loads(events[-1])["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and cached % 16 == 0 and cached < again["prompt_tokens"] == first["prompt_tokens"]
+    assert streamed_usage["prompt_tokens_details"] == {"cached_tokens": cached}
