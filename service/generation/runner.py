@@ -142,6 +142,7 @@ class DecoderRunner:
         appends = layout.present_positions == "new"
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes and appends else None
         self._counted = [0, 0]  # prompt tokens whose prefill began, of them cached, since last taken
+        self._rows: dict[int, Sequence] = {}  # the sequences in its decode cache (prefix cache: their tokens)
 
     def execute(self, plan: StepPlan, first_tokens: FirstTokens | None = None) -> StepResult:
         """The step: the prompts' prefill (one chunk of it while sequences decode, so they wait for a chunk,
@@ -152,12 +153,14 @@ class DecoderRunner:
         tokens: dict[int, int] = {}
         logprobs = StepLogprobs()
         started = time.perf_counter()
+        self.retire(self._cache, plan.decode)
         tokens |= self._prefill(plan.prefill, logprobs=logprobs, whole=not plan.decode)
         hand_out(first_tokens, tokens, logprobs, plan)
         prefilled = time.perf_counter()
         if plan.decode:
             tokens |= self._decode(plan.decode, logprobs)
         else:
+            self.release(self._cache)
             self._cache = None  # nothing runs on: its cache is nobody's
         self.keep_prefilled({s.id for s in plan.prefill})
         prompt, cached = self.take_prompt_counts()
@@ -354,6 +357,37 @@ class DecoderRunner:
             add_logprobs(logprobs.tokens, s, outputs["logits"][row, -1:], [token])
         return dict(zip(cache.ids, chosen, strict=True))
 
+    def joined(self, seq: Sequence) -> None:
+        """`seq` took a row of the decode cache."""
+        if self.prefixes is not None:
+            self._rows[seq.id] = seq
+
+    def leaving(self, seq_id: int, cache: SlotCache | DeviceCache) -> None:
+        """A sequence about to leave the decode cache leaves its whole blocks (prompt and output) in the
+        prefix cache: a chat's next turn, its earlier answer and all, begins with them."""
+        seq = self._rows.pop(seq_id, None)
+        if seq is None or self.prefixes is None or not isinstance(cache, SlotCache):
+            return
+        layers = cache.row(seq_id)
+        tokens = [*seq.prompt, *seq.output]
+        fed = min(layers[0][0].shape[1], len(tokens))  # a finished round may hold drafts past its end
+        self.prefixes.add(tokens[:fed], layers)
+
+    def retire(self, cache: SlotCache | DeviceCache | None, running: Seq[Sequence]) -> None:
+        """Rows of sequences no longer `running` leave `cache` (this runner's) before the step's prefill, so
+        that the prompts it runs find their blocks (a chat's next turn quotes the answer just finished)."""
+        if cache is not None:
+            still = {s.id for s in running}
+            for seq_id in [i for i in cache.ids if i not in still]:
+                self.leaving(seq_id, cache)
+                cache.leave(seq_id)
+
+    def release(self, cache: SlotCache | DeviceCache | None) -> None:
+        """A decode cache dropped whole (nothing decodes on): each of its rows leaves as from `sync_rows`."""
+        if cache is not None:
+            for seq_id in list(cache.ids):
+                self.leaving(seq_id, cache)
+
     def _new_cache(self) -> SlotCache | DeviceCache:
         layout = self.layout
         if self.row_gather is not None:
@@ -368,11 +402,13 @@ def sync_rows(cache: SlotCache | DeviceCache, seqs: Seq[Sequence], runner: Decod
         return list(seqs)
     by_id = {s.id: s for s in seqs}
     for seq_id in [i for i in cache.ids if i not in by_id]:
+        runner.leaving(seq_id, cache)
         cache.leave(seq_id)
     running = set(cache.ids)
     for s in seqs:
         if s.id in runner._prefilled:
             cache.join(s.id, runner._prefilled.pop(s.id))
+            runner.joined(s)
         elif s.id not in running:
             raise RuntimeError(f"sequence {s.id} is decoding without a prefilled cache")
     return [by_id[i] for i in cache.ids]

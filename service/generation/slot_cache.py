@@ -52,6 +52,13 @@ class SlotCache:
         self.lengths[n] = length
         self.ids.append(seq_id)
 
+    def row(self, seq_id: int) -> list[LayerCache]:
+        """The sequence's keys and values [heads, its length, head_dim] per tensor: views, valid until the
+        cache next changes."""
+        row = self.ids.index(seq_id)
+        length = int(self.lengths[row])
+        return [(k[row, :, :length], v[row, :, :length]) for k, v in self.past]
+
     def leave(self, seq_id: int) -> None:
         """The sequence's row is freed; the last live row moves into it (one row copied)."""
         row, last = self.ids.index(seq_id), len(self.ids) - 1

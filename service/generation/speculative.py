@@ -177,6 +177,10 @@ class SpeculativeRunner:
         more: dict[int, list[int]] = {}
         logprobs = StepLogprobs()
         drafted = accepted = checked = 0
+        if self._caches is not None:  # finished rows leave first: their blocks for this step's prompts
+            self.teacher.retire(self._caches[0], plan.decode)
+            if self.draft is not None:
+                self.draft.retire(self._caches[1], plan.decode)
         whole = not plan.decode  # a chunk a step while sequences decode, the same chunks for both models
         tokens |= self.teacher.prefill(plan.prefill, logprobs=logprobs, whole=whole)
         hand_out(first_tokens, tokens, logprobs, plan)
@@ -193,7 +197,7 @@ class SpeculativeRunner:
                 drafted, accepted = drafted + k, accepted + len(emitted) - 1
             checked = len(plan.decode) if k else 0  # a step that drafted nothing is a plain decode step
         else:
-            self._caches = None
+            self._release_caches()
         fresh = {s.id for s in plan.prefill}
         self.teacher.keep_prefilled(fresh)
         if self.draft is not None:
@@ -214,6 +218,8 @@ class SpeculativeRunner:
         teacher_cache, draft_cache = self._caches
         rows = sync_rows(teacher_cache, seqs, self.teacher)
         if self.draft is None or self._crowded(len(rows)):
+            if self.draft is not None:
+                self.draft.release(draft_cache)
             draft_cache = None  # the teacher decodes alone; a draft catches up once the crowd thins
         elif draft_cache is None or not self._draft_holds(draft_cache, rows):
             # a draft taken, or left out while crowded, while these rows ran, or rows whose prompts it did not
@@ -291,6 +297,14 @@ class SpeculativeRunner:
             # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
             draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
+
+    def _release_caches(self) -> None:
+        """Nothing decodes on: both caches go, their rows' blocks into each model's prefix cache."""
+        if self._caches is not None:
+            self.teacher.release(self._caches[0])
+            if self.draft is not None:
+                self.draft.release(self._caches[1])
+        self._caches = None
 
     def _sure(
         self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], sampled: list[int]

@@ -128,6 +128,30 @@ def test_prompts_that_begin_alike_keep_the_greedy_text_under_continuous_batching
     assert sum(r.cached_tokens for r in results) == 32 + 16 + 32
 
 
+@pytest.mark.parametrize("drafting", [False, True], ids=["teacher-alone", "drafted"])
+def test_a_finished_answer_is_cached_for_the_next_turn_that_quotes_it(loaded: Loaded, drafting: bool) -> None:
+    """A sequence that finishes leaves its prompt and its answer in the prefix cache before the next step's
+    prefill: the next turn, which quotes both, runs only what follows their whole blocks, and writes the
+    text it writes without a cache."""
+    first = SHARED[:20]
+
+    def runner(cached: bool) -> DecoderRunner | SpeculativeRunner:
+        budget = MIB if cached else 0
+        teacher = DecoderRunner(*loaded["lm-teacher"], prefix_cache_bytes=budget)
+        if not drafting:
+            return teacher
+        return SpeculativeRunner(teacher, DecoderRunner(*loaded["lm"], prefix_cache_bytes=budget), 3, 64)
+
+    plain, cached = runner(False), runner(True)
+    (answer,) = generate(plain, [(0, first, 24)])
+    assert generate(cached, [(0, first, 24)]) == [answer]
+    turn = [*first, *answer, 7, 8]  # the chat so far, then the next question
+    results: list[StepResult] = []
+    assert generate(cached, [(0, turn, 6)], results=results) == generate(plain, [(0, turn, 6)])
+    fed = len(first) + len(answer) - 1  # the answer's last token was never fed
+    assert sum(r.cached_tokens for r in results) == fed // 16 * 16 == 32
+
+
 def test_a_teacher_and_its_draft_each_with_a_prefix_cache_keep_the_teachers_greedy_text(
     loaded: Loaded,
 ) -> None:
