@@ -335,6 +335,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.prefix_cache_bytes = Gauge(
+            "distilserve_prefix_cache_bytes",
+            "Bytes of keys and values the model's prefix caches hold (its draft's included), of "
+            "DISTILSERVE_GEN_PREFIX_CACHE_MB each.",
+            ["model"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self.running_sequences = Gauge(
             "distilserve_running_sequences",
             "Sequences in the running generation batch.",
@@ -377,12 +385,18 @@ class Metrics:
         drafted, accepted = self.draft_tokens.labels(model), self.draft_tokens_accepted.labels(model)
         checks = self.speculative_checks.labels(model)
         prompt, cached = self.prompt_tokens.labels(model), self.prefix_cache_tokens.labels(model)
+        held = self.prefix_cache_bytes.labels(model)
+        held.set(0)
+        last_held = [0]
 
         def on_step(plan: StepPlan, result: StepResult) -> None:
             tokens.inc(len(result.tokens) + sum(len(more) for more in result.more.values()))
             if result.prompt_tokens:
                 prompt.inc(result.prompt_tokens)
                 cached.inc(result.cached_tokens)
+            if result.prefix_cache_bytes != last_held[0]:  # written only when it changes, as the gauges below
+                held.set(result.prefix_cache_bytes)
+                last_held[0] = result.prefix_cache_bytes
             if result.checked:  # speculative decoding: tokens per teacher step = 1 + accepted / checks
                 drafted.inc(result.drafted)
                 accepted.inc(result.accepted)

@@ -55,6 +55,7 @@ class StepResult:
     logprobs: StepLogprobs = field(default_factory=lambda: StepLogprobs())
     prompt_tokens: int = 0  # prompt tokens whose prefill began this step
     cached_tokens: int = 0  # of them, read from the prefix cache instead of run
+    prefix_cache_bytes: int = 0  # what the prefix caches hold after the step (a draft's included)
 
 
 # A step's first tokens handed out before its decode call (`DecoderRunner.execute`): sequence id -> token,
@@ -171,6 +172,7 @@ class DecoderRunner:
             logprobs=logprobs,
             prompt_tokens=prompt,
             cached_tokens=cached,
+            prefix_cache_bytes=self.prefix_cache_bytes,
         )
 
     def _run(
@@ -229,6 +231,10 @@ class DecoderRunner:
             for s, cached in zip(batch.seqs, batch.cached, strict=True):
                 s.cached_tokens = int(cached)
         return batch
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return self.prefixes.bytes if self.prefixes is not None else 0
 
     def take_prompt_counts(self) -> tuple[int, int]:
         """(prompt tokens whose prefill began, of them read from the prefix cache) since the last call."""

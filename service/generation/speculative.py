@@ -204,8 +204,19 @@ class SpeculativeRunner:
             self.draft.keep_prefilled(fresh)
         decode_s = time.perf_counter() - prefilled
         prompt, cached = self.teacher.take_prompt_counts()
+        held = self.teacher.prefix_cache_bytes + (self.draft.prefix_cache_bytes if self.draft else 0)
         return StepResult(
-            tokens, prefilled - started, decode_s, more, drafted, accepted, checked, logprobs, prompt, cached
+            tokens,
+            prefilled - started,
+            decode_s,
+            more,
+            drafted,
+            accepted,
+            checked,
+            logprobs,
+            prompt,
+            cached,
+            held,
         )
 
     def _step(self, seqs: Seq[Sequence], logprobs: StepLogprobs) -> tuple[dict[int, list[int]], int]:

@@ -199,6 +199,8 @@ def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cac
     )
     assert metric_value(metrics, "distilserve_prefix_cache_tokens_total", model=model) >= 16
     assert metric_value(plain_metrics, "distilserve_prefix_cache_tokens_total") == 0
+    assert metric_value(metrics, "distilserve_prefix_cache_bytes", model=model) > 0  # the blocks held
+    assert metric_value(plain_metrics, "distilserve_prefix_cache_bytes") == 0
 
 
 def test_openai_usage_says_how_many_prompt_tokens_were_cached(lm_only: Path) -> None:
