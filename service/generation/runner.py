@@ -161,8 +161,7 @@ class DecoderRunner:
         if plan.decode:
             tokens |= self._decode(plan.decode, logprobs)
         else:
-            self.release(self._cache)
-            self._cache = None  # nothing runs on: its cache is nobody's
+            self._cache = None  # nothing runs on (its rows retired above): its cache is nobody's
         self.keep_prefilled({s.id for s in plan.prefill})
         prompt, cached = self.take_prompt_counts()
         return StepResult(
@@ -389,7 +388,8 @@ class DecoderRunner:
                 cache.leave(seq_id)
 
     def release(self, cache: SlotCache | DeviceCache | None) -> None:
-        """A decode cache dropped whole (nothing decodes on): each of its rows leaves as from `sync_rows`."""
+        """A decode cache dropped while its rows still run (a draft left out of a crowded step): each row's
+        blocks so far into the prefix cache, as if it left."""
         if cache is not None:
             for seq_id in list(cache.ids):
                 self.leaving(seq_id, cache)

@@ -197,7 +197,7 @@ class SpeculativeRunner:
                 drafted, accepted = drafted + k, accepted + len(emitted) - 1
             checked = len(plan.decode) if k else 0  # a step that drafted nothing is a plain decode step
         else:
-            self._release_caches()
+            self._caches = None  # nothing runs on (its rows retired above)
         fresh = {s.id for s in plan.prefill}
         self.teacher.keep_prefilled(fresh)
         if self.draft is not None:
@@ -308,14 +308,6 @@ class SpeculativeRunner:
             # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
             draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
-
-    def _release_caches(self) -> None:
-        """Nothing decodes on: both caches go, their rows' blocks into each model's prefix cache."""
-        if self._caches is not None:
-            self.teacher.release(self._caches[0])
-            if self.draft is not None:
-                self.draft.release(self._caches[1])
-        self._caches = None
 
     def _sure(
         self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], sampled: list[int]
