@@ -257,14 +257,15 @@ def _generation_core(
         max_cached_tokens=settings.gen_max_cached_tokens,
         max_waiting=settings.gen_max_waiting,
     )
+    runner = DecoderRunner(
+        engine,
+        layout,
+        prefill_tokens=settings.gen_prefill_tokens,
+        prefix_cache_bytes=settings.gen_prefix_cache_mb << 20,
+    )
     return GenerationCore(
-        DecoderRunner(
-            engine,
-            layout,
-            prefill_tokens=settings.gen_prefill_tokens,
-            prefix_cache_bytes=settings.gen_prefix_cache_mb << 20,
-        ),
-        Scheduler(config),
+        runner,
+        Scheduler(config, cached=runner.cached_length),
         layout.stop_ids(),
         executor,
         on_step=hooks.on_step,

@@ -66,6 +66,15 @@ class PrefixCache:
         joined = np.concatenate(found, axis=3)  # [layers, 2, kv heads, tokens, head dim]
         return PrefixHit(joined.shape[3], [(layer[0], layer[1]) for layer in joined])
 
+    def cached_length(self, prompt: Sequence[int]) -> int:
+        """The tokens `longest` would find cached (a scheduler's estimate: nothing is read or refreshed)."""
+        found = 0
+        for key in self._keys(prompt, (len(prompt) - 1) // self.block):
+            if key not in self._blocks:
+                break
+            found += self.block
+        return found
+
     def add(self, prompt: Sequence[int], layers: Sequence[LayerCache]) -> None:
         """The whole blocks of `prompt` not cached yet, from its keys and values (each layer's [kv heads,
         at least len(prompt), head dim]); the least recently used blocks go past the budget."""

@@ -231,6 +231,10 @@ class DecoderRunner:
                 s.cached_tokens = int(cached)
         return batch
 
+    def cached_length(self, prompt: list[int]) -> int:
+        """How many of `prompt`'s first tokens its prefill would read from the prefix cache (0: no cache)."""
+        return self.prefixes.cached_length(prompt) if self.prefixes is not None else 0
+
     @property
     def prefix_cache_bytes(self) -> int:
         return self.prefixes.bytes if self.prefixes is not None else 0

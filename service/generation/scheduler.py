@@ -14,6 +14,7 @@ the group is through and starts the next.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.batch_policy import BatcherClosedError, QueueFullError
@@ -41,8 +42,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, cached: Callable[[list[int]], int] | None = None) -> None:
+        """`cached`: how many of a prompt's first tokens the runner's prefix cache holds (they are not run,
+        so they do not count against a prefill call's budget)."""
         self.config = config
+        self.cached = cached or (lambda prompt: 0)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admitted: prefilling, then decoding
         self.prefilling: list[Sequence] = []  # of them, those whose first token is still to come
@@ -92,9 +96,13 @@ class Scheduler:
             if reserved + candidate.capacity > self.config.max_cached_tokens:
                 break  # first come, first served: no overtaking by smaller requests
             group = [*joining, candidate]
-            if one_call and max(len(s.prompt) for s in group) * len(group) > self.config.prefill_tokens:
+            if one_call and max(self._to_run(s) for s in group) * len(group) > self.config.prefill_tokens:
                 break  # the rest wait for the group under way, in arrival order
             joining.append(self.waiting.popleft())
             reserved += candidate.capacity
         self.running.extend(joining)
         return joining
+
+    def _to_run(self, seq: Sequence) -> int:
+        """The prompt positions its prefill runs: the prompt's, less those the prefix cache holds."""
+        return len(seq.prompt) - self.cached(seq.prompt)

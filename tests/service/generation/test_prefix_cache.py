@@ -41,12 +41,13 @@ def test_a_prompt_finds_the_blocks_it_begins_with_and_still_runs_its_last_token(
     cache.add(prompt, layers_of(prompt))
     assert len(cache) == 2
     hit = cache.longest(prompt)
-    assert hit is not None and hit.tokens == 8
+    assert hit is not None and hit.tokens == 8 == cache.cached_length(prompt)
     assert hit.layers[1][0][0, :, 0].tolist() == [t + 1 for t in prompt[:8]]
     assert hit.layers[1][1][0, :, 1].tolist() == [-t - 1 for t in prompt[:8]]
     exactly_two_blocks = cache.longest(prompt[:8])
     assert exactly_two_blocks is not None and exactly_two_blocks.tokens == 4  # its last token runs
     assert cache.longest([99, *prompt[1:]]) is None  # block 2's tokens alike, behind another block 1
+    assert cache.cached_length([99, *prompt[1:]]) == 0 and cache.cached_length(prompt[:8]) == 4
     first_only = cache.longest([*prompt[:4], 0, 0, 0, 0, 0])
     assert first_only is not None and first_only.tokens == 4
     assert cache.longest(prompt[:4]) is None

@@ -95,3 +95,26 @@ def test_a_prompt_under_way_stays_in_the_plan_and_only_short_ones_join_beside_it
     after.aborted = True  # gone part-way through its prefill: out of the plan, its slot freed
     plan = s.schedule()
     assert plan.prefill == [slow] and after not in s.running
+
+
+def test_a_prompt_whose_start_is_cached_counts_only_the_rest_against_the_call() -> None:
+    """Beside a prompt under way, a newcomer joins where the tokens its prefill runs fit one call: its
+    prompt's, less those the runner's prefix cache holds (a shared preamble), not the whole prompt."""
+    preamble = list(range(1000, 1032))
+
+    def cached(prompt: list[int]) -> int:
+        return 32 if prompt[:32] == preamble else 0
+
+    plain = Scheduler(SchedulerConfig(prefill_tokens=16))
+    with_cache = Scheduler(SchedulerConfig(prefill_tokens=16), cached=cached)
+    for s in (plain, with_cache):
+        long = seq(900)
+        s.add(long)
+        assert s.schedule().prefill == [long]
+        asked = [
+            Sequence(prompt=[*preamble, 5 + i], params=SamplingParams(max_new_tokens=4)) for i in range(3)
+        ]
+        for x in asked:
+            s.add(x)
+        joined = s.schedule().prefill
+        assert joined == ([long] if s is plain else [long, *asked])  # 1 token each to run: 3 fit a call of 16
