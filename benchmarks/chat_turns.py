@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 
 from benchmarks.plots import saved_figure
+from benchmarks.served_graphs import counts_of
 from benchmarks.servers import serve
 from common.cli import one_command_app
 from common.progress import ProgressLog
@@ -146,7 +147,9 @@ def main(
     """TTFT by turn of concurrent multi-turn chats, each prefix-cache budget on a fresh server."""
     if not (repository / model).is_dir():
         raise typer.BadParameter(f"no {model} in {repository}", param_hint="--model")
-    budgets = [x.strip() for x in prefix_cache_mb.split(",") if x.strip()]
+    budgets = counts_of(prefix_cache_mb, "--prefix-cache-mb", 0)
+    if not budgets:
+        raise typer.BadParameter("one budget at least", param_hint="--prefix-cache-mb")
     questions = openings(texts, chats * turns, words=words, seed=17)
     conversations = [questions[i * turns : (i + 1) * turns] for i in range(chats)]
     servers: dict[str, list[list[list[Turn]]]] = {f"prefix cache {mb} MB": [] for mb in budgets}

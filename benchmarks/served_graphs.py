@@ -66,6 +66,15 @@ def measure(
         return figures
 
 
+def counts_of(text: str, option: str, least: int) -> list[str]:
+    """A comma list of whole numbers, each at least `least`, checked here rather than by a server that
+    will not start (`--prefix-cache-mb 0,256`, `--streams 1,16`)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not all(x.isdigit() and int(x) >= least for x in items):
+        raise typer.BadParameter(f"{text!r}: a comma list of whole numbers from {least}", param_hint=option)
+    return items
+
+
 def preamble(texts: Path, words: int) -> str:
     """`words` words of `texts`' paragraphs run together: one document every prompt quotes (a paragraph
     alone is often shorter than asked)."""
@@ -148,7 +157,7 @@ def main(
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
     """Served generation of one model from each repository at each prefix-cache budget, alternating."""
-    budgets = [x.strip() for x in prefix_cache_mb.split(",") if x.strip()] or [""]
+    budgets = counts_of(prefix_cache_mb, "--prefix-cache-mb", 0) or [""]
     if len(repository) * len(budgets) < 2:
         raise typer.BadParameter(
             "two or more servers to compare: repositories x budgets", param_hint="--repository"
@@ -156,7 +165,7 @@ def main(
     missing = [str(r) for r in repository if not (r / model).is_dir()]
     if missing:
         raise typer.BadParameter(f"no {model} in {', '.join(missing)}", param_hint="--repository")
-    counts = [int(x) for x in streams.split(",") if x.strip()]
+    counts = [int(x) for x in counts_of(streams, "--streams", 1)]
     prompts = openings(texts, 200, words=words, seed=11)
     kind = f"openings of up to {words} words"
     if shared_words:

@@ -1,4 +1,5 @@
-"""The runner executes a step plan on the exported decoder: batched prefill, batched decode, sampling.
+"""The runner executes a step plan on the exported decoder: batched prefill, batched decode (the tokens and
+log-probabilities chosen from their logits: choices.py; prompts that begin alike: prefix_cache.py).
 
 Sequences of different lengths share one engine call. Prompts are right-padded into one prefill (in chunks of
 columns where they hold more than `prefill_tokens` positions, one chunk a step while others decode:
@@ -33,10 +34,10 @@ import numpy as np
 from common.draft_head import CONTEXT_INPUT, DraftHead
 from common.logit_positions import LOGIT_POSITIONS, ending_positions, every_position, last_position
 from service.engine import DeviceEngine, Engine
+from service.generation.choices import StepLogprobs, add_logprobs, next_tokens, prefill_choices
 from service.generation.device_cache import DeviceCache, RowGather
 from service.generation.prefix_cache import PrefixCache
 from service.generation.prompt_batch import PromptBatch
-from service.generation.sampling import Logprob, next_token, token_logprob
 from service.generation.scheduler import PREFILL_TOKENS, StepPlan
 from service.generation.sequence import Sequence
 from service.generation.slot_cache import LayerCache, SlotCache
@@ -61,48 +62,6 @@ class StepResult:
 # A step's first tokens handed out before its decode call (`DecoderRunner.execute`): sequence id -> token,
 # and the step's log-probabilities so far.
 FirstTokens = Callable[[dict[int, int], "StepLogprobs"], None]
-
-
-@dataclass
-class StepLogprobs:
-    """A step's log-probabilities by sequence id, for the sequences that asked: of its new tokens (the
-    token, then `more`; SamplingParams.logprobs) and, at its prefill, of its prompt's tokens after the first
-    (each under the positions before it; SamplingParams.prompt_logprobs)."""
-
-    tokens: dict[int, list[Logprob]] = field(default_factory=dict)
-    prompts: dict[int, list[Logprob]] = field(default_factory=dict)
-
-
-def _prefill_choices(
-    seqs: Seq[Sequence],
-    logits: np.ndarray,
-    start: int,
-    end: int,
-    lengths: np.ndarray,
-    logprobs: StepLogprobs | None,
-    gathered: dict[int, list[Logprob]] | None,
-    ending: bool = False,
-) -> dict[int, int]:
-    """From one chunk's `logits` [rows, end - start, vocab]: the first token of each prompt that ends in it
-    (its `lengths` columns run), and the log-probabilities of the prompt tokens the chunk predicts, where
-    asked (prompts run whole): gathered in `gathered` across chunks, and handed to `logprobs` with the
-    first token. `ending`: the logits are [rows, 1, vocab], each row's at its last position in the chunk
-    only (`ending_positions`; nothing to gather then)."""
-    tokens = {}
-    for row, s in enumerate(seqs):
-        n = int(lengths[row])
-        if gathered is not None and (start == 0 or start < n - 1):  # a 1-token prompt: an empty entry
-            # the chunk's positions start, start + 1, ... predict the prompt's tokens start + 1, ...
-            predicted = logits[row, : min(end, n - 1) - start]
-            add_prompt_logprobs(gathered, s, predicted, first=start + 1)
-        if start <= n - 1 < end:
-            last = logits[row, 0 if ending else n - 1 - start]
-            tokens[s.id] = next_token(last, s.params, s.prompt, s.rng)
-            if logprobs is not None:
-                add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
-                if gathered is not None and s.id in gathered:
-                    logprobs.prompts[s.id] = gathered.pop(s.id)
-    return tokens
 
 
 class DecoderRunner:
@@ -340,7 +299,7 @@ class DecoderRunner:
                 ]
             batch.past, batch.start = presents, end
             if choose:
-                tokens |= _prefill_choices(
+                tokens |= prefill_choices(
                     batch.seqs, outputs["logits"], start, end, lengths, logprobs, gathered, ending
                 )
             for row, s in enumerate(batch.seqs):
@@ -361,7 +320,7 @@ class DecoderRunner:
         ids = np.array([[s.output[-1]] for s in rows], dtype=np.int64)
         outputs = self._run(ids, mask, positions, past, on_device=isinstance(cache, DeviceCache))
         cache.append(self._presents(outputs))
-        chosen = _next_tokens(outputs["logits"][:, -1], rows)
+        chosen = next_tokens(outputs["logits"][:, -1], rows)
         for row, (s, token) in enumerate(zip(rows, chosen, strict=True)):
             add_logprobs(logprobs.tokens, s, outputs["logits"][row, -1:], [token])
         return dict(zip(cache.ids, chosen, strict=True))
@@ -433,46 +392,9 @@ def hand_out(
         first_tokens(tokens, logprobs)
 
 
-def add_logprobs(
-    logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray, tokens: Seq[int]
-) -> None:
-    """Where `seq` asked for them, the log-probabilities of `tokens`, each under its row of `logits`
-    [len(tokens), vocab] (the positions that chose them)."""
-    if seq.params.logprobs is not None:
-        logprobs[seq.id] = [
-            token_logprob(row, token, seq.params.logprobs) for row, token in zip(logits, tokens, strict=True)
-        ]
-
-
-def add_prompt_logprobs(
-    logprobs: dict[int, list[Logprob]], seq: Sequence, logits: np.ndarray, first: int = 1
-) -> None:
-    """Where `seq` asked for them, the log-probabilities of its prompt's tokens from index `first` on (the
-    first token has none), each under the prefill's `logits` row at the position before it; a chunked
-    prefill adds its chunks in order."""
-    if seq.params.prompt_logprobs is not None:
-        add = seq.params.prompt_logprobs
-        targets = seq.prompt[first : first + len(logits)]
-        logprobs.setdefault(seq.id, []).extend(
-            token_logprob(row, t, add) for row, t in zip(logits, targets, strict=True)
-        )
-
-
 def cache_device(engine: Engine, layout: GenerationLayout) -> DeviceEngine | None:
     """The engine whose device keeps the KV cache between decode steps, if any: one that binds IO (on
     CUDA, or forced) running a graph whose presents are past + new, the next step's past as they are."""
     if isinstance(engine, DeviceEngine) and engine.binds_io and layout.present_positions == "all":
         return engine
     return None
-
-
-def _next_tokens(logits: np.ndarray, seqs: Seq[Sequence]) -> list[int]:
-    """One token per row of `logits` [batch, vocab]: the plain greedy rows (no repetition penalty, most of
-    them) from one argmax over the batch, the others through the sampler one by one."""
-    best = logits.argmax(axis=-1)
-    return [
-        int(best[row])
-        if s.params.greedy and s.params.repetition_penalty == 1.0
-        else next_token(logits[row], s.params, s.prompt + s.output, s.rng)
-        for row, s in enumerate(seqs)
-    ]

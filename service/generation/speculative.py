@@ -39,15 +39,8 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
-from service.generation.runner import (
-    DecoderRunner,
-    FirstTokens,
-    StepLogprobs,
-    StepResult,
-    add_logprobs,
-    hand_out,
-    sync_rows,
-)
+from service.generation.choices import StepLogprobs, add_logprobs
+from service.generation.runner import DecoderRunner, FirstTokens, StepResult, hand_out, sync_rows
 from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence

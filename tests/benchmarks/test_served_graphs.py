@@ -68,3 +68,7 @@ def test_one_repository_or_one_without_the_model_is_refused(tiny_repository: Pat
     args = ["--model", MODEL, "--repository", str(tiny_repository), "--repository", str(tmp_path)]
     missing = CliRunner().invoke(app, [*args, "--texts", texts])
     assert missing.exit_code == 2 and f"no {MODEL} in {tmp_path}" in missing.output
+    bad = CliRunner().invoke(app, [*one, "--prefix-cache-mb", "0,lots"])
+    assert bad.exit_code == 2 and "'0,lots': a comma list of whole numbers from 0" in bad.output
+    no_streams = CliRunner().invoke(app, [*one, "--prefix-cache-mb", "0,1", "--streams", "0"])
+    assert no_streams.exit_code == 2 and "whole numbers from 1" in no_streams.output
