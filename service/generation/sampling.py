@@ -1,5 +1,6 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty, seeded; and
-the chosen token's log-probability with the most likely alternatives, for requests that ask (`logprobs`).
+"""Choosing the next token from logits: the request's logit bias and penalties (repetition, presence,
+frequency), then greedy or temperature, top-k, top-p, seeded; and the chosen token's log-probability with the
+most likely alternatives, for requests that ask (`logprobs`).
 
 Pure numpy, one sequence at a time (the logits row of one sequence); each sequence owns its generator so a
 seeded request gives the same text whatever else shares its batch.
@@ -35,6 +36,9 @@ class SamplingParams:
     top_k: int = 0  # 0: no cut
     top_p: float = 1.0
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or the output
+    presence_penalty: float = 0.0  # OpenAI's: taken once from the logit of every token the output holds
+    frequency_penalty: float = 0.0  # OpenAI's: taken from a token's logit once per time the output holds it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit); -100 bans
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
@@ -44,6 +48,46 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def shaped(self) -> bool:
+        """Whether a bias or a penalty changes the logits before a token is chosen."""
+        return bool(
+            self.repetition_penalty != 1.0
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.logit_bias
+        )
+
+    @property
+    def argmax(self) -> bool:
+        """Whether the next token is the raw logits' argmax (greedy, nothing shaping them): such rows are
+        chosen together, by one argmax over the batch."""
+        return self.greedy and not self.shaped
+
+
+def shaped_scores(
+    logits: np.ndarray, params: SamplingParams, prompt: Sequence[int], output: Sequence[int]
+) -> np.ndarray:
+    """The logits as the request's sampling sees them (float32, a copy), in vLLM's order: the logit bias
+    added, then the repetition penalty over prompt and output, then the presence and frequency penalties over
+    the output alone (OpenAI's `logit - frequency * count - presence * (count > 0)`).
+
+    Only the tokens a bias or a penalty names change, computed in float64 and clipped to +-PENALIZED_LIMIT
+    (see `apply_repetition_penalty`); a -inf logit (a cut draft head's unscored token) stays at probability 0.
+    """
+    scores = logits.astype(np.float32)
+    if params.logit_bias:
+        ids = np.fromiter((t for t, _ in params.logit_bias), dtype=np.int64)
+        bias = np.fromiter((b for _, b in params.logit_bias), dtype=np.float64)
+        scores[ids] = np.clip(scores[ids] + bias, -PENALIZED_LIMIT, PENALIZED_LIMIT)
+    if params.repetition_penalty != 1.0:
+        scores = apply_repetition_penalty(scores, [*prompt, *output], params.repetition_penalty)
+    if output and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
+        taken = params.frequency_penalty * counts + params.presence_penalty
+        scores[ids] = np.clip(scores[ids] - taken, -PENALIZED_LIMIT, PENALIZED_LIMIT)
+    return scores
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
@@ -68,16 +112,20 @@ CANDIDATES = (64, 256)  # how many of the best tokens top-p looks at, widening o
 
 
 def next_token(
-    logits: np.ndarray, params: SamplingParams, seen: Sequence[int], rng: np.random.Generator | None
+    logits: np.ndarray,
+    params: SamplingParams,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    rng: np.random.Generator | None,
 ) -> int:
-    """The next token id for one sequence; `seen` is prompt + output so far (for the repetition penalty).
+    """The next token id for one sequence, after its `prompt` and `output` so far (what the penalties read).
 
     Sampling sorts only what it must: top-k's k best, or for top-p the 64 best, then 256, which nearly
     always hold the nucleus (the whole vocabulary is sorted only when they do not), in float32 where numpy's
     exp is vectorised. Sorting the whole 2,000-token vocabulary in float64 per sequence per step cost 157 us
     with top-p: a batch of 16 spent more on sampling than on the model.
     """
-    scores = apply_repetition_penalty(logits.astype(np.float32), seen, params.repetition_penalty)
+    scores = shaped_scores(logits, params, prompt, output)
     if params.greedy or rng is None:
         return int(np.argmax(scores))
     scores = scaled(scores, params.temperature)

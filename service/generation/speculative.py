@@ -12,7 +12,8 @@ kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens f
   from the draft's distribution q, is kept with probability min(1, p(x) / q(x)) under the teacher's p; at
   the first rejection the token is drawn from the residual max(0, p - q) (normalised) instead; with all k
   kept, one more is drawn from p. Each emitted token is then distributed exactly as the teacher's sampler
-  would have drawn it (p and q are the full processed distributions: penalty, temperature, top-k, top-p).
+  would have drawn it (p and q are the full processed distributions: bias, penalties, temperature, top-k,
+  top-p, each after the same tokens, drafts included).
 
 Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
 kept positions (the rejected ones are cut off: `SlotCache.truncate`), and so does the draft's, but for the
@@ -41,7 +42,7 @@ import numpy as np
 from service.engine import Engine
 from service.generation.choices import StepLogprobs, add_logprobs
 from service.generation.runner import DecoderRunner, FirstTokens, StepResult, hand_out, sync_rows
-from service.generation.sampling import SamplingParams, apply_repetition_penalty, scaled
+from service.generation.sampling import SamplingParams, scaled, shaped_scores
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.generation.slot_cache import SlotCache
@@ -52,10 +53,12 @@ log = logging.getLogger(__name__)
 DRAFT_COST_LIMIT = 1 / 3  # auto: a draft step must cost at most this share of a teacher step
 
 
-def distribution(logits: np.ndarray, params: SamplingParams, seen: Seq[int]) -> np.ndarray:
-    """The next token's probabilities as `sampling.next_token` draws it (float64, zero outside top-k /
-    top-p); greedy: all mass on the argmax."""
-    scores = apply_repetition_penalty(logits.astype(np.float32), seen, params.repetition_penalty)
+def distribution(
+    logits: np.ndarray, params: SamplingParams, prompt: Seq[int], output: Seq[int]
+) -> np.ndarray:
+    """The next token's probabilities as `sampling.next_token` draws it after `prompt` and `output` (float64,
+    zero outside top-k / top-p); greedy: all mass on the argmax."""
+    scores = shaped_scores(logits, params, prompt, output)
     out = np.zeros(scores.shape[-1], dtype=np.float64)
     if params.greedy:
         out[int(np.argmax(scores))] = 1.0
@@ -239,10 +242,8 @@ class SpeculativeRunner:
         last = np.array([s.output[-1] for s in rows], dtype=np.int64)
 
         drafts = np.zeros((n, k), dtype=np.int64)
-        # rows that sample or penalise repetition need whole distributions; plain greedy ones an argmax
-        shaped = [
-            row for row, s in enumerate(rows) if not s.params.greedy or s.params.repetition_penalty != 1.0
-        ]
+        # rows that sample, bias or penalise need whole distributions; plain greedy ones an argmax
+        shaped = [row for row, s in enumerate(rows) if not s.params.argmax]
         q: list[list[np.ndarray]] = [[] for _ in rows]
         if draft_cache is not None:
             assert self.draft is not None
@@ -265,9 +266,9 @@ class SpeculativeRunner:
                 drafts[:, j] = best if cut is None else cut[1][best]
                 for row in shaped:
                     s = rows[row]
-                    seen = [*s.prompt, *s.output, *drafts[row, :j].tolist()]
+                    output = [*s.output, *drafts[row, :j].tolist()]
                     scores = logits[row] if cut is None else cut[0].whole(logits[row], cut[1])
-                    dist = distribution(scores, s.params, seen)
+                    dist = distribution(scores, s.params, s.prompt, output)
                     q[row].append(dist)
                     drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
                 feed = drafts[:, j : j + 1]
@@ -287,9 +288,10 @@ class SpeculativeRunner:
                 m = k if agree.all() else int(np.argmin(agree))
                 emitted[s.id] = [*drafts[row, :m].tolist(), int(best[row, m])]
                 continue
-            seen = [*s.prompt, *s.output]
             p = [
-                distribution(out["logits"][row, j], s.params, [*seen, *drafts[row, :j].tolist()])
+                distribution(
+                    out["logits"][row, j], s.params, s.prompt, [*s.output, *drafts[row, :j].tolist()]
+                )
                 for j in range(k + 1)
             ]
             emitted[s.id] = accept(drafts[row].tolist(), q[row], p, s.rng)

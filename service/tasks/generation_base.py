@@ -66,6 +66,18 @@ class SamplingFields(BaseModel):
     top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely tokens; 0: all.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (HF).")
+    presence_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Taken once from the logit of every token the output holds (OpenAI's).",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Taken from a token's logit per time the output holds it (OpenAI's).",
+    )
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible (an int64).")
     stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
     truncate_prompt: bool = Field(
@@ -83,6 +95,8 @@ class SamplingFields(BaseModel):
             top_k=self.top_k,
             top_p=self.top_p,
             repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
             seed=self.seed,
             stop=self.stop,
             ignore_eos=self.ignore_eos,
@@ -128,9 +142,13 @@ def prepare(
     tokenizer must not add a BOS again, as `apply_chat_template` does not)."""
     if model.generator is None:
         raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
+    vocab = model.encoder.vocab_size
+    if any(t >= vocab for t, _ in params.logit_bias):
+        raise InvalidInputError(
+            f"logit_bias: token ids must be in [0, {vocab}): the vocabulary of {model.name!r}"
+        )
     if isinstance(prompt, list):
         ids = prompt
-        vocab = model.encoder.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidInputError(f"token ids must be in [0, {vocab}): the vocabulary of {model.name!r}")
     else:

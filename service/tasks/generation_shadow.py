@@ -10,8 +10,8 @@ text: a student that drifts from its teacher where users take it shows here firs
 
 Only plain greedy answers are checked: there each token is the student's own best, which the teacher's best
 either is or is not. A sampled token is a draw, often neither model's best (the SmolLM2 pair: 0.236 on
-sampled answers against 0.636 on greedy ones, docs/benchmarks.md), and a repetition penalty moves the
-student's choice off its distribution's best; counting them would set off the drift alert for nothing.
+sampled answers against 0.636 on greedy ones, docs/benchmarks.md), and a logit bias or a penalty moves
+the student's choice off its distribution's best; counting them would set off the drift alert for nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def shadow_hook(c: Collaborators, model: ServedModel, x: Exchange) -> Callable[[
 
     def done(seq: Sequence) -> None:
         output = list(seq.output[: seq.streamed])
-        if output and seq.params.greedy and seq.params.repetition_penalty == 1.0 and c.pairs.sampled():
+        if output and seq.params.argmax and c.pairs.sampled():
             prompt = list(seq.prompt)
             c.pairs.check_later(pair, 1, lambda: teacher_agreement(pair.teacher, prompt, output, c, x))
 

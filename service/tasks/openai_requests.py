@@ -14,6 +14,29 @@ from service.tasks.generation_base import SamplingFields
 MAX_PROMPTS = 64  # prompts one completions request may carry (each one a choice, all decoded together)
 MAX_N = 16  # answers per prompt (OpenAI's `n`)
 MAX_CHOICES = 64  # prompts x n in one request
+MAX_LOGIT_BIAS = 1024  # token ids one logit_bias may name
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"token id": bias}` as (id, bias) pairs: ids written as plain decimal integers (so no id
+    appears twice), biases JSON numbers in [-100, 100]. The error formatter names the field."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ValueError('expected an object mapping token ids to biases, e.g. {"50256": -100}')
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids")
+    pairs = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit() and key == str(int(key))):
+            raise ValueError(f"{key!r} is not a token id (a non-negative integer written plainly)")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ValueError(f"the bias of token {key} must be a number in [-100, 100], not {bias!r}")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
+
+
+LogitBias = Annotated[tuple[tuple[int, float], ...], BeforeValidator(_logit_bias)]
 
 
 class OpenAIRequest(SamplingFields):
@@ -37,17 +60,18 @@ class OpenAIRequest(SamplingFields):
     )
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported: null or empty.")
-    presence_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
-    frequency_penalty: float = Field(0.0, description="Not supported: must be 0 (see repetition_penalty).")
+    logit_bias: LogitBias = Field(
+        (),
+        description='{"token id": bias}: the bias (-100 to 100) added to that token\'s logit before '
+        "sampling; -100 bans it, 100 all but forces it.",
+    )
 
     def unsupported(self) -> list[tuple[str, bool]]:
         """(field, whether it is set to something this server cannot do); subclasses add theirs."""
-        return [
-            ("logit_bias", bool(self.logit_bias)),
-            ("presence_penalty", self.presence_penalty != 0),
-            ("frequency_penalty", self.frequency_penalty != 0),
-        ]
+        return []
+
+    def sampling(self, max_new_tokens: int, logprobs: int | None = None) -> SamplingParams:
+        return dataclasses.replace(super().sampling(max_new_tokens, logprobs), logit_bias=self.logit_bias)
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> OpenAIRequest:

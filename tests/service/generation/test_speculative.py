@@ -23,13 +23,16 @@ from tests.service.generation.conftest import Loaded
 def generate(
     runner: DecoderRunner | SpeculativeRunner,
     requests: list[tuple[int, list[int], int]],
-    penalty: float = 1.0,
     before_step: Callable[[int], None] | None = None,
     results: list[StepResult] | None = None,
+    params: list[SamplingParams] | None = None,
+    **shaping: Any,
 ) -> list[list[int]]:
-    """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens.
-    `before_step(step)` runs before each step; `results` receives each step's result."""
-    params = [SamplingParams(max_new_tokens=n, repetition_penalty=penalty) for _, _, n in requests]
+    """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens,
+    greedy with the `shaping` given (a bias, penalties), or with its own `params`. `before_step(step)` runs
+    before each step; `results` receives each step's result."""
+    if params is None:
+        params = [SamplingParams(max_new_tokens=n, **shaping) for _, _, n in requests]
     seqs = [Sequence(prompt=p, params=q) for (_, p, _), q in zip(requests, params, strict=True)]
     running: list[Sequence] = []
     step = 0
@@ -74,12 +77,12 @@ def test_greedy_output_is_the_teachers_own_under_continuous_batching(
 
 @pytest.mark.parametrize("confidence", [0.0, 0.5], ids=["k-a-round", "ending-rounds-unsure"])
 def test_greedy_with_a_repetition_penalty_is_the_teachers_own_too(loaded: Loaded, confidence: float) -> None:
-    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, penalty=1.3)
+    alone = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, repetition_penalty=1.3)
     speculative = SpeculativeRunner(
         DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64, confidence=confidence
     )
     results: list[StepResult] = []
-    assert generate(speculative, REQUESTS, penalty=1.3, results=results) == alone
+    assert generate(speculative, REQUESTS, results=results, repetition_penalty=1.3) == alone
     most = max(r.drafted // len(r.more) for r in results if r.more)  # `more`: each decoded row's
     # this untrained draft is never 0.5 sure (its top ~0.004): each round ends after one draft; without, k
     assert most == (1 if confidence else 3)
@@ -314,13 +317,17 @@ def test_the_sampling_rule_keeps_the_teachers_distribution() -> None:
 
 
 def sampled_openings(
-    runner: DecoderRunner | SpeculativeRunner, seeds: range, drafted: list[int] | None = None
+    runner: DecoderRunner | SpeculativeRunner,
+    seeds: range,
+    drafted: list[int] | None = None,
+    shaping: dict[str, Any] | None = None,
 ) -> dict[tuple[int, ...], int]:
     """How often each first three tokens came, one seeded sequence a seed (temperature 1, top-k 2, four
-    tokens asked: room for two drafts after the first); `drafted`: each sequence's first round's drafts."""
+    tokens asked: room for two drafts after the first; `shaping`: a bias or penalties besides); `drafted`:
+    each sequence's first round's drafts."""
     counts: dict[tuple[int, ...], int] = {}
     for seed in seeds:
-        params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=2, seed=seed)
+        params = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=2, seed=seed, **(shaping or {}))
         seq = Sequence(prompt=[5, 9, 13], params=params)
         plan = StepPlan(prefill=[seq], decode=[])
         while len(seq.output) < 3:
@@ -362,13 +369,13 @@ def test_sampled_text_drafted_is_distributed_as_the_teachers_alone(loaded: Loade
 
 def test_distribution_is_what_the_sampler_draws_from() -> None:
     logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
-    greedy = distribution(logits, SamplingParams(), [])
+    greedy = distribution(logits, SamplingParams(), [], [])
     assert greedy.tolist() == [0, 0, 0, 0, 1]
-    top2 = distribution(logits, SamplingParams(temperature=1.0, top_k=2), [])
+    top2 = distribution(logits, SamplingParams(temperature=1.0, top_k=2), [], [])
     e = np.exp([3.0, 2.0])
     np.testing.assert_allclose(top2[[4, 0]], e / e.sum())
     assert top2[[1, 2, 3]].sum() == 0
-    full = distribution(logits, SamplingParams(temperature=0.5), [])
+    full = distribution(logits, SamplingParams(temperature=0.5), [], [])
     w = np.exp((logits - logits.max()) / 0.5)
     np.testing.assert_allclose(full, w / w.sum(), rtol=1e-6)
 

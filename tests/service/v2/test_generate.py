@@ -51,6 +51,17 @@ def test_parameters_may_stand_at_the_top_level_and_the_id_comes_back(base_url: s
     assert r.json()["text_output"] == expected["generated_text"] and r.json()["id"] == "req-1"
 
 
+def test_penalties_pass_through_as_on_v1_generate(base_url: str) -> None:
+    shaped = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "max_new_tokens": 12, "ignore_eos": True}
+    expected = v1_text(base_url, **shaped)
+    assert (
+        expected["generated_text"] != v1_text(base_url, max_new_tokens=12, ignore_eos=True)["generated_text"]
+    )
+    r = httpx.post(f"{base_url}/v2/models/{LM}/generate", json={"text_input": PROMPT, "parameters": shaped})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] == expected["generated_text"]
+
+
 def test_the_prompt_leads_the_output_when_asked(base_url: str) -> None:
     expected = v1_text(base_url)
     body = {"text_input": PROMPT, "parameters": {"max_tokens": 8, "exclude_input_in_output": False}}
