@@ -17,6 +17,7 @@ from service.batching import ClientWork, MicroBatcher
 from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
 from service.generation.engine import EngineHooks
 from service.generation.engine_thread import GenerationCore
+from service.generation.grammar import Grammars
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.tuning import SPLIT_PAYS_S, decode_step_s, fastest_threads
@@ -249,6 +250,7 @@ def _generation_core(
     executor: ThreadPoolExecutor,
     settings: Settings,
     hooks: EngineHooks,
+    grammars: Grammars,
 ) -> GenerationCore:
     """Its deliver and fail are bound by whoever streams its tokens (service.served, service.core)."""
     config = SchedulerConfig(
@@ -270,6 +272,7 @@ def _generation_core(
         executor,
         on_step=hooks.on_step,
         on_queue=hooks.on_queue,
+        grammars=grammars,
     )
 
 
@@ -337,7 +340,8 @@ def load_engine_model(
     model.draft_engine = _draft_engine(version, settings, engine_factory, engine, plan)
     if manifest.generation is not None:
         hooks = counting_steps(metrics.generation_hooks(name), model.stats)
-        model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks)
+        grammars = Grammars(version.file(manifest.tokenizer.file), manifest.generation.stop_ids())
+        model.generation = _generation_core(manifest.generation, engine, executor, settings, hooks, grammars)
     else:
         gather = asks.gather_token(manifest) if asks.gather_token is not None else None
         model.runner = EncoderRunner(

@@ -47,7 +47,7 @@ def prefill_choices(
             add_prompt_logprobs(gathered, s, predicted, first=start + 1)
         if start <= n - 1 < end:
             last = logits[row, 0 if ending else n - 1 - start]
-            tokens[s.id] = next_token(last, s.params, s.prompt, (), s.rng)
+            tokens[s.id] = next_token(last, s.params, s.prompt, (), s.rng, s.allowed(len(last)))
             if logprobs is not None:
                 add_logprobs(logprobs.tokens, s, last[None], [tokens[s.id]])
                 if gathered is not None and s.id in gathered:
@@ -85,6 +85,8 @@ def next_tokens(logits: np.ndarray, seqs: Seq[Sequence]) -> list[int]:
     them) from one argmax over the batch, the others through the sampler one by one."""
     best = logits.argmax(axis=-1)
     return [
-        int(best[row]) if s.params.argmax else next_token(logits[row], s.params, s.prompt, s.output, s.rng)
+        int(best[row])
+        if s.params.argmax
+        else next_token(logits[row], s.params, s.prompt, s.output, s.rng, s.allowed(logits.shape[-1]))
         for row, s in enumerate(seqs)
     ]

@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from service.generation.engine_thread import GenerationCore, Produced
+from service.generation.grammar import Grammars
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.sampling import Logprob, SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
@@ -202,10 +203,17 @@ class GenerationEngine(TokenStreams):
         executor: Executor,
         hooks: EngineHooks | None = None,
         stream_interval_s: float = 0.0,
+        grammars: Grammars | None = None,
     ) -> None:
         hooks = hooks or EngineHooks()
         core = GenerationCore(
-            runner, scheduler, stop_token_ids, executor, on_step=hooks.on_step, on_queue=hooks.on_queue
+            runner,
+            scheduler,
+            stop_token_ids,
+            executor,
+            on_step=hooks.on_step,
+            on_queue=hooks.on_queue,
+            grammars=grammars,
         )
         self._attach(core, detokenizer, hooks, stream_interval_s)
 

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 
+from service.generation.grammar import Grammars
 from service.generation.runner import DecoderRunner, StepLogprobs, StepResult
 from service.generation.sampling import Logprob, SamplingParams
 from service.generation.scheduler import Scheduler, StepPlan
@@ -51,8 +52,10 @@ class GenerationCore:
         fail: Callable[[list[GenSequence], Exception], None] | None = None,
         on_step: Callable[[StepPlan, StepResult], None] | None = None,
         on_queue: Callable[[int, int], None] | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         self.runner = runner
+        self.grammars = grammars  # the decoder's, for sequences whose output follows a grammar
         self.scheduler = scheduler
         self.stop_token_ids = _id_set(stop_token_ids)
         self._executor = executor
@@ -125,6 +128,7 @@ class GenerationCore:
                 continue
             handed_out: set[int] = set()  # sequences whose first tokens went out before the decode call
             try:
+                self._start_grammars(plan.prefill)
                 result = self.runner.execute(plan, functools.partial(self._first_tokens, plan, handed_out))
                 seqs = [s for s in [*plan.prefill, *plan.decode] if s.id not in handed_out]
                 produced = self._produced(seqs, result.tokens, result.more, result.logprobs)
@@ -140,6 +144,15 @@ class GenerationCore:
                 except Exception:  # metrics must never stop generation
                     log.exception("generation step hook failed")
             self._to_loop(self._deliver, produced)
+
+    def _start_grammars(self, joining: Sequence[GenSequence]) -> None:
+        """A matcher for each joining sequence whose output follows a grammar (here, on the engine thread:
+        the first one builds llguidance's view of the tokenizer)."""
+        for seq in joining:
+            if seq.params.grammar is not None and seq.grammar is None:
+                if self.grammars is None:
+                    raise ValueError("this model was loaded without a tokenizer for grammars")
+                seq.grammar = self.grammars.start(seq.params.grammar)
 
     def _first_tokens(
         self, plan: StepPlan, handed_out: set[int], tokens: dict[int, int], logprobs: StepLogprobs
@@ -173,6 +186,8 @@ class GenerationCore:
         if seq.done:  # left, or stopped by a stop string, while this step ran: its token is nobody's
             return None
         seq.output.append(token)
+        if seq.grammar is not None:
+            seq.grammar.advance(token)
         finish: FinishReason | None = None
         if token in self.stop_token_ids and not seq.params.ignore_eos:
             finish = "eos"

@@ -39,6 +39,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: taken once from the logit of every token the output holds
     frequency_penalty: float = 0.0  # OpenAI's: taken from a token's logit once per time the output holds it
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit); -100 bans
+    grammar: str | None = None  # llguidance grammar text the output must follow (service.generation.grammar)
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
@@ -51,12 +52,13 @@ class SamplingParams:
 
     @property
     def shaped(self) -> bool:
-        """Whether a bias or a penalty changes the logits before a token is chosen."""
+        """Whether a bias, a penalty or a grammar changes the logits before a token is chosen."""
         return bool(
             self.repetition_penalty != 1.0
             or self.presence_penalty
             or self.frequency_penalty
             or self.logit_bias
+            or self.grammar is not None
         )
 
     @property
@@ -67,11 +69,16 @@ class SamplingParams:
 
 
 def shaped_scores(
-    logits: np.ndarray, params: SamplingParams, prompt: Sequence[int], output: Sequence[int]
+    logits: np.ndarray,
+    params: SamplingParams,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    allowed: np.ndarray | None = None,
 ) -> np.ndarray:
     """The logits as the request's sampling sees them (float32, a copy), in vLLM's order: the logit bias
     added, then the repetition penalty over prompt and output, then the presence and frequency penalties over
-    the output alone (OpenAI's `logit - frequency * count - presence * (count > 0)`).
+    the output alone (OpenAI's `logit - frequency * count - presence * (count > 0)`); then every token not
+    `allowed` (a grammar's mask, bool) at -inf.
 
     Only the tokens a bias or a penalty names change, computed in float64 and clipped to +-PENALIZED_LIMIT
     (see `apply_repetition_penalty`); a -inf logit (a cut draft head's unscored token) stays at probability 0.
@@ -87,6 +94,8 @@ def shaped_scores(
         ids, counts = np.unique(np.asarray(output, dtype=np.int64), return_counts=True)
         taken = params.frequency_penalty * counts + params.presence_penalty
         scores[ids] = np.clip(scores[ids] - taken, -PENALIZED_LIMIT, PENALIZED_LIMIT)
+    if allowed is not None:
+        scores[~allowed] = -np.inf
     return scores
 
 
@@ -117,15 +126,17 @@ def next_token(
     prompt: Sequence[int],
     output: Sequence[int],
     rng: np.random.Generator | None,
+    allowed: np.ndarray | None = None,
 ) -> int:
-    """The next token id for one sequence, after its `prompt` and `output` so far (what the penalties read).
+    """The next token id for one sequence, after its `prompt` and `output` so far (what the penalties read),
+    among the `allowed` ones where its grammar says (bool over the vocabulary).
 
     Sampling sorts only what it must: top-k's k best, or for top-p the 64 best, then 256, which nearly
     always hold the nucleus (the whole vocabulary is sorted only when they do not), in float32 where numpy's
     exp is vectorised. Sorting the whole 2,000-token vocabulary in float64 per sequence per step cost 157 us
     with top-p: a batch of 16 spent more on sampling than on the model.
     """
-    scores = shaped_scores(logits, params, prompt, output)
+    scores = shaped_scores(logits, params, prompt, output, allowed)
     if params.greedy or rng is None:
         return int(np.argmax(scores))
     scores = scaled(scores, params.temperature)

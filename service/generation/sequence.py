@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from service.generation.grammar import GrammarState
 from service.generation.sampling import Logprob, SamplingParams
 
 FinishReason = Literal["length", "eos", "stop"]
@@ -57,6 +58,11 @@ class Sequence:
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     rng: np.random.Generator | None = None
     detokenizer: Detokenizer | None = None  # set by the engine that streams it
+    grammar: GrammarState | None = None  # where params.grammar is set: the engine core's matcher
+
+    def allowed(self, columns: int) -> np.ndarray | None:
+        """The tokens its grammar allows next (None: any)."""
+        return None if self.grammar is None else self.grammar.allowed(columns)
 
     def __post_init__(self) -> None:
         if not self.params.greedy:

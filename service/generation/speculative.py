@@ -54,11 +54,15 @@ DRAFT_COST_LIMIT = 1 / 3  # auto: a draft step must cost at most this share of a
 
 
 def distribution(
-    logits: np.ndarray, params: SamplingParams, prompt: Seq[int], output: Seq[int]
+    logits: np.ndarray,
+    params: SamplingParams,
+    prompt: Seq[int],
+    output: Seq[int],
+    allowed: np.ndarray | None = None,
 ) -> np.ndarray:
     """The next token's probabilities as `sampling.next_token` draws it after `prompt` and `output` (float64,
-    zero outside top-k / top-p); greedy: all mass on the argmax."""
-    scores = shaped_scores(logits, params, prompt, output)
+    zero outside top-k / top-p and outside what a grammar `allowed`); greedy: all mass on the argmax."""
+    scores = shaped_scores(logits, params, prompt, output, allowed)
     out = np.zeros(scores.shape[-1], dtype=np.float64)
     if params.greedy:
         out[int(np.argmax(scores))] = 1.0
@@ -245,6 +249,8 @@ class SpeculativeRunner:
         # rows that sample, bias or penalise need whole distributions; plain greedy ones an argmax
         shaped = [row for row, s in enumerate(rows) if not s.params.argmax]
         q: list[list[np.ndarray]] = [[] for _ in rows]
+        # rows that follow a grammar: the tokens it allows at each drafted position, then after the last
+        masks: dict[int, list[np.ndarray]] = {row: [] for row, s in enumerate(rows) if s.grammar is not None}
         if draft_cache is not None:
             assert self.draft is not None
             feed = last[:, None]
@@ -264,13 +270,21 @@ class SpeculativeRunner:
                 logits = out["logits"][:, -1]
                 best = logits.argmax(axis=-1)  # plain greedy rows: no distribution needed
                 drafts[:, j] = best if cut is None else cut[1][best]
+                scores = {
+                    row: logits[row] if cut is None else cut[0].whole(logits[row], cut[1]) for row in shaped
+                }
+                if not self._grammar_allows(rows, masks, scores, j):
+                    k, drafts = j, drafts[:, :j]  # a grammar allows nothing the draft can say: the teacher's
+                    break
                 for row in shaped:
                     s = rows[row]
                     output = [*s.output, *drafts[row, :j].tolist()]
-                    scores = logits[row] if cut is None else cut[0].whole(logits[row], cut[1])
-                    dist = distribution(scores, s.params, s.prompt, output)
+                    allowed = masks[row][j] if row in masks else None
+                    dist = distribution(scores[row], s.params, s.prompt, output, allowed)
                     q[row].append(dist)
                     drafts[row, j] = int(np.argmax(dist)) if s.rng is None else draw(dist, s.rng)
+                    if s.grammar is not None:
+                        s.grammar.try_ahead(int(drafts[row, j]))
                 feed = drafts[:, j : j + 1]
                 if j + 1 < k and not self._sure(logits, drafts[:, j], q, [r for r in shaped if rows[r].rng]):
                     k, drafts = j + 1, drafts[:, : j + 1]  # the round ends here: the draft is guessing
@@ -278,6 +292,12 @@ class SpeculativeRunner:
             self.draft.context = np.zeros(0, dtype=np.int64)  # prefills score no context (their logits go)
 
         out = _feed(self.teacher, teacher_cache, np.concatenate([last[:, None], drafts], axis=1))
+        for row, row_masks in masks.items():
+            grammar = rows[row].grammar
+            assert grammar is not None
+            if len(row_masks) == k:  # after the last draft (or with none)
+                row_masks.append(grammar.allowed(out["logits"].shape[-1]))
+            grammar.take_back()  # the kept tokens advance it as they are recorded (engine_thread)
 
         emitted: dict[int, list[int]] = {}
         best = out["logits"].argmax(axis=-1)  # [rows, k + 1]: the teacher's greedy choice at each position
@@ -290,7 +310,11 @@ class SpeculativeRunner:
                 continue
             p = [
                 distribution(
-                    out["logits"][row, j], s.params, s.prompt, [*s.output, *drafts[row, :j].tolist()]
+                    out["logits"][row, j],
+                    s.params,
+                    s.prompt,
+                    [*s.output, *drafts[row, :j].tolist()],
+                    masks[row][j] if row in masks else None,
                 )
                 for j in range(k + 1)
             ]
@@ -303,6 +327,20 @@ class SpeculativeRunner:
             # the kept positions it was fed; where all k drafts were kept, all but the k-th (never fed)
             draft_cache.truncate(np.minimum(kept_lengths, draft_cache.lengths[:n]))
         return emitted, k
+
+    @staticmethod
+    def _grammar_allows(
+        rows: Seq[Sequence], masks: dict[int, list[np.ndarray]], scores: dict[int, np.ndarray], j: int
+    ) -> bool:
+        """Each grammar row's allowed tokens at draft position `j` into `masks`; False where one of them
+        allows nothing the draft scored (a cut head's columns), which ends the round before `j`."""
+        for row, row_masks in masks.items():
+            grammar = rows[row].grammar
+            assert grammar is not None
+            row_masks.append(grammar.allowed(len(scores[row])))
+            if not np.isfinite(scores[row][row_masks[-1]]).any():
+                return False
+        return True
 
     def _sure(
         self, logits: np.ndarray, tokens: np.ndarray, q: list[list[np.ndarray]], sampled: list[int]

@@ -7,6 +7,7 @@ from typing import Any
 
 from common.logit_positions import LOGIT_POSITIONS
 from service.generation.engine import GenerationEngine
+from service.generation.grammar import Grammars
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig
@@ -23,7 +24,9 @@ PROMPTS = [
 ]
 
 
-def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None = -1) -> GenerationEngine:
+def make_engine(
+    parts: tuple[Any, ...], max_running: int = 16, eos: int | None = -1, grammars: Grammars | None = None
+) -> GenerationEngine:
     engine, layout, encoder, executor = parts
     return GenerationEngine(
         DecoderRunner(engine, layout),
@@ -31,6 +34,7 @@ def make_engine(parts: tuple[Any, ...], max_running: int = 16, eos: int | None =
         encoder.text_stream,
         layout.eos_token_id if eos == -1 else eos,
         executor,
+        grammars=grammars,
     )
 
 
@@ -42,9 +46,11 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def alone(parts: tuple[Any, ...], prompt: list[int], params: SamplingParams) -> list[int]:
+def alone(
+    parts: tuple[Any, ...], prompt: list[int], params: SamplingParams, grammars: Grammars | None = None
+) -> list[int]:
     async def main() -> list[int]:
-        engine = make_engine(parts)
+        engine = make_engine(parts, grammars=grammars)
         engine.start()
         seq, _ = await engine.generate(prompt, params)
         await engine.close()

@@ -197,6 +197,42 @@ def test_the_openai_clients_penalties_and_logit_bias_give_pytorchs_answer(
     assert forced.choices[0].text == tokenizer.decode([favoured] * 3)
 
 
+def test_response_format_gives_json_the_schema_accepts(server: LiveServer) -> None:
+    from tests.service.generation.test_grammar import SCHEMA, fits
+
+    client = openai_client(server)
+    # the tiny Llama's window is 64 positions, 42 of them the prompt: a short answer
+    short = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    schema_format = {"type": "json_schema", "json_schema": {"name": "check", "schema": short, "strict": True}}
+    asked: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_completion_tokens": 20}
+    answer = client.chat.completions.create(**asked, temperature=0, response_format=schema_format)
+    assert answer.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(answer.choices[0].message.content)["ok"], bool)
+    sampled = client.chat.completions.create(
+        **asked, temperature=1.5, seed=1, n=4, response_format=schema_format
+    )
+    assert all(isinstance(json.loads(c.message.content)["ok"], bool) for c in sampled.choices)
+    streamed = client.chat.completions.create(
+        **asked, temperature=0, response_format=schema_format, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+    assert text == answer.choices[0].message.content
+    anything = client.chat.completions.create(**asked, temperature=0, response_format={"type": "json_object"})
+    content = anything.choices[0].message.content
+    assert content.startswith("{")
+    assert anything.choices[0].finish_reason == "length" or isinstance(json.loads(content), dict)
+    review = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
+    completion = client.completions.create(
+        model=LM, prompt="Acme", max_tokens=40, temperature=0, extra_body={"response_format": review}
+    )
+    assert fits(completion.choices[0].text) and completion.choices[0].finish_reason == "stop"
+
+
 def test_a_character_split_across_tokens_streams_whole(server: LiveServer) -> None:
     client = openai_client(server)
     plain = client.chat.completions.create(model=BYTES, messages=MESSAGES, max_tokens=8, temperature=0)
@@ -265,6 +301,24 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
         ({"n": 17}, 400, "n: Input should be less than or equal to 16", "n"),
         ({"tools": [{"type": "function"}]}, 400, "not supported by this server: tools", None),
         ({"presence_penalty": 2.5}, 400, "presence_penalty: Input should be less than", "presence_penalty"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "no"}},
+                }
+            },
+            400,
+            "response_format: the schema cannot be compiled",
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "xml"}},
+            400,
+            "'xml' is not one of text, json_object",
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_schema"}}, 400, "json_schema needs", "response_format"),
         ({"logit_bias": {"-1": 5}}, 400, "'-1' is not a token id", "logit_bias"),
         ({"temperature": "0"}, 400, "temperature: Input should be a valid number", "temperature"),
         ({"model": LM}, 400, f"model '{LM}' cannot chat: it has no chat template", "model"),
