@@ -9,8 +9,10 @@ spelled out in the question, so the model knows what is wanted without the schem
 taking turns `--rounds` times: `instructed` (the question alone), `json_object` (response_format: any JSON
 object) and `json_schema` (response_format: the schema below, every token masked to it). Greedy, at most
 `--new-tokens` tokens an answer, streamed, each `--streams` count of clients at once over all prompts.
-Reports per way and streams: completion tokens/s, TTFT p50, the share of answers that parse as JSON and the
-share that fit the schema. Writes OUT/structured-output-MODEL.{md,json,png}.
+Reports per way and streams: the share of answers that parse as JSON, that fit the schema, and that
+`--new-tokens` cut; completion tokens/s (answers of different lengths amortise their prompts differently),
+TTFT p50, and the time a token after the first (p50), where a mask's cost per step shows. Writes
+OUT/structured-output-MODEL.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ async def ask(client: httpx.AsyncClient, model: str, passage: str, way: str, new
     }
     if WAYS[way] is not None:
         body["response_format"] = WAYS[way]
-    started, first = time.perf_counter(), None
+    started, first, finish = time.perf_counter(), None, None
     text: list[str] = []
     usage: dict[str, Any] = {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
@@ -106,10 +108,12 @@ async def ask(client: httpx.AsyncClient, model: str, passage: str, way: str, new
                 if piece:
                     first = first or time.perf_counter()
                     text.append(piece)
+                finish = choice.get("finish_reason") or finish
             usage = event.get("usage") or usage
     done = time.perf_counter()
     return {
         "text": "".join(text),
+        "finish_reason": finish,
         "tokens": usage["completion_tokens"],
         "ttft_s": (first or done) - started,
         "seconds": done - started,
@@ -136,12 +140,15 @@ async def load(base: str, model: str, passages: list[str], way: str, streams: in
 def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     answers = [a for run in runs for a in run["answers"]]
     parsed = [fits(a["text"]) for a in answers]
+    later = [(a["seconds"] - a["ttft_s"]) / (a["tokens"] - 1) for a in answers if a["tokens"] > 1]
     return {
         "tokens_per_s": sum(a["tokens"] for a in answers) / sum(run["wall_s"] for run in runs),
         "ttft_p50_ms": 1000 * statistics.median(a["ttft_s"] for a in answers),
+        "itl_p50_ms": 1000 * statistics.median(later) if later else float("nan"),
         "tokens_p50": statistics.median(a["tokens"] for a in answers),
         "parses": sum(p for p, _ in parsed) / len(parsed),
         "fits": sum(f for _, f in parsed) / len(parsed),
+        "cut": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
     }
 
 
@@ -151,16 +158,17 @@ def render(command: str, results: dict[str, dict[str, list[dict[str, Any]]]], ex
         "",
         f"`{command}`",
         "",
-        "| way | streams | answers parse as JSON | fit the schema | tokens an answer (p50) | tokens/s "
-        "| TTFT p50 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| way | streams | answers parse as JSON | fit the schema | cut at --new-tokens "
+        "| tokens an answer (p50) | tokens/s | TTFT p50 ms | ms a token after the first (p50) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for way, by_streams in results.items():
         for streams, runs in by_streams.items():
             s = summary(runs)
             lines.append(
-                f"| {way} | {streams} | {s['parses']:.0%} | {s['fits']:.0%} | {s['tokens_p50']:.0f} | "
-                f"{s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} |"
+                f"| {way} | {streams} | {s['parses']:.0%} | {s['fits']:.0%} | {s['cut']:.0%} | "
+                f"{s['tokens_p50']:.0f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | "
+                f"{s['itl_p50_ms']:.1f} |"
             )
     lines += ["", "The first prompt's answer each way:", ""]
     lines += [f"- {way}: `{text}`" for way, text in example.items()]

@@ -39,15 +39,39 @@ JSON_STYLE: JsonCompileOptions = {
 def json_grammar(schema: dict[str, Any] | None) -> str:
     """llguidance's grammar text for a JSON schema (None: any JSON object); ValueError saying what is wrong
     with a schema it cannot compile."""
+    return constraint_grammar("json", ANY_JSON_OBJECT if schema is None else schema)
+
+
+CONSTRAINTS = ("json", "regex", "choice", "grammar")  # vLLM's structured_outputs keys
+
+
+def constraint_grammar(kind: str, value: Any) -> str:
+    """llguidance's grammar text for one of vLLM's constraints (`structured_outputs`, the older `guided_*`):
+    `json` a JSON schema (an object, or its text), `regex` a regular expression the whole answer matches,
+    `choice` a list of strings the answer is one of, `grammar` a Lark or GBNF grammar (llama.cpp's).
+    ValueError saying what is wrong with one it cannot compile."""
+    what = {"json": "schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}.get(kind)
+    if what is None:
+        raise ValueError(f"{kind!r} is not one of {', '.join(CONSTRAINTS)}")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(ANY_JSON_OBJECT if schema is None else schema), defaults=JSON_STYLE
-        )
+        if kind == "json":
+            schema = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict):
+                raise ValueError("a JSON schema is an object")
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_STYLE)
+        elif kind == "choice":
+            if not (isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)):
+                raise ValueError("a choice is a non-empty list of non-empty strings")
+            grammar = llguidance.grammar_from("choice", json.dumps(value))
+        elif not isinstance(value, str) or not value:
+            raise ValueError(f"a {what} is a non-empty string")
+        else:
+            grammar = llguidance.grammar_from("regex" if kind == "regex" else "grammar", value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"the schema cannot be compiled: {e}") from e
+        raise ValueError(f"the {what} cannot be compiled: {e}") from e
     problem = llguidance.LLMatcher.validate_grammar(grammar)
     if problem:
-        raise ValueError(f"the schema cannot be compiled: {problem}")
+        raise ValueError(f"the {what} cannot be compiled: {problem}")
     return grammar
 
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.batch_policy import DeadlineExceededError
 from service.batching import all_or_none
 from service.exchange import Exchange
+from service.generation.grammar import constraint_grammar
+from service.generation.sampling import SamplingParams
 from service.generation.sequence import Sequence, TokenEvent
 from service.tasks.common import passed, strings, validated
 from service.tasks.contract import (
@@ -51,10 +53,34 @@ from service.tasks.openai_requests import ChatCompletionRequest, CompletionReque
 # -- /v1/generate -----------------------------------------------------------------------------------------
 
 
+def _tgi_grammar(value: Any) -> str | None:
+    """text-generation-inference's `grammar`: {"type": "json", "value": a schema} or {"type": "regex",
+    "value": "..."}, as llguidance's grammar text."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("json", "regex") or "value" not in value:
+        raise ValueError('expected {"type": "json", "value": {...}} or {"type": "regex", "value": "..."}')
+    return constraint_grammar(value["type"], value["value"])
+
+
+def _checked_grammar(value: Any) -> Any:
+    _tgi_grammar(value)
+    return value
+
+
 class GenerateRequest(ModelRequest, SamplingFields):
     prompt: str = Field(..., min_length=1, examples=["The film was"])
     max_new_tokens: int = Field(32, ge=1, le=4096, description="Most tokens to generate.")
     stream: bool = Field(False, description="Server-Sent Events: one event per token, then a final one.")
+    grammar: Annotated[dict[str, Any] | None, BeforeValidator(_checked_grammar)] = Field(
+        None,
+        description='text-generation-inference\'s: {"type": "json", "value": a JSON schema} or {"type": '
+        '"regex", "value": "..."}: every token keeps the text inside it.',
+    )
+
+    def sampling(self, max_new_tokens: int, logprobs: int | None = None) -> SamplingParams:
+        params = super().sampling(max_new_tokens, logprobs)
+        return dataclasses.replace(params, grammar=_tgi_grammar(self.grammar))
 
 
 class GenerateResponse(TypedDict):

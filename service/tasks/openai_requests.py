@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from service.generation.grammar import json_grammar
+from service.generation.grammar import CONSTRAINTS, constraint_grammar, json_grammar
 from service.generation.sampling import SamplingParams
 from service.tasks.generation_base import SamplingFields
 
@@ -73,6 +73,37 @@ def _response_format(value: Any) -> Any:
 ResponseFormat = Annotated[dict[str, Any] | None, BeforeValidator(_response_format)]
 
 
+def structured_grammars(value: Any) -> list[tuple[str, str]]:
+    """vLLM's structured_outputs (`{"json" | "regex" | "choice" | "grammar": ...}`) as (key, grammar text)
+    pairs: the keys given, each compiled."""
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        raise ValueError(
+            f'expected an object with one of {", ".join(CONSTRAINTS)}, e.g. {{"choice": ["yes", "no"]}}'
+        )
+    return [(key, constraint_grammar(key, v)) for key, v in value.items() if v is not None]
+
+
+def _structured_outputs(value: Any) -> Any:
+    structured_grammars(value)
+    return value
+
+
+StructuredOutputs = Annotated[dict[str, Any] | None, BeforeValidator(_structured_outputs)]
+
+
+def _guided(kind: str) -> Any:
+    """vLLM's older `guided_<kind>` fields: the constraint, checked as structured_outputs' `kind`."""
+
+    def check(value: Any) -> Any:
+        if value is not None:
+            constraint_grammar(kind, value)
+        return value
+
+    return BeforeValidator(check)
+
+
 class OpenAIRequest(SamplingFields):
     """What OpenAI's completions and chat completions requests share (the fields this server implements).
 
@@ -107,15 +138,50 @@ class OpenAIRequest(SamplingFields):
         "accepts (every token constrained as it is chosen; service.generation.grammar).",
     )
 
+    structured_outputs: StructuredOutputs = Field(
+        None,
+        description='vLLM\'s: one of {"json": a schema}, {"regex": "..."}, {"choice": ["...", ...]}, '
+        '{"grammar": Lark or GBNF}: the answer follows it (as response_format does a schema).',
+    )
+    guided_json: Annotated[dict[str, Any] | str | None, _guided("json")] = Field(
+        None, description="vLLM's older name of structured_outputs.json."
+    )
+    guided_regex: Annotated[str | None, _guided("regex")] = Field(
+        None, description="vLLM's older name of structured_outputs.regex."
+    )
+    guided_choice: Annotated[list[str] | None, _guided("choice")] = Field(
+        None, description="vLLM's older name of structured_outputs.choice."
+    )
+    guided_grammar: Annotated[str | None, _guided("grammar")] = Field(
+        None, description="vLLM's older name of structured_outputs.grammar."
+    )
+
     def unsupported(self) -> list[tuple[str, bool]]:
         """(field, whether it is set to something this server cannot do); subclasses add theirs."""
         return []
 
+    def constraints(self) -> list[tuple[str, str]]:
+        """(where it was asked, llguidance's grammar text) for each constraint on the answer given."""
+        asked = [("response_format", response_grammar(self.response_format))]
+        asked += [(f"structured_outputs.{k}", g) for k, g in structured_grammars(self.structured_outputs)]
+        for kind in CONSTRAINTS:
+            value = getattr(self, f"guided_{kind}")
+            asked.append((f"guided_{kind}", None if value is None else constraint_grammar(kind, value)))
+        return [(name, grammar) for name, grammar in asked if grammar is not None]
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> OpenAIRequest:
+        names = [name for name, _ in self.constraints()]
+        if len(names) > 1:
+            raise ValueError(f"one constraint on the answer at most, not {', '.join(names)}")
+        return self
+
     def sampling(self, max_new_tokens: int, logprobs: int | None = None) -> SamplingParams:
+        constraints = self.constraints()
         return dataclasses.replace(
             super().sampling(max_new_tokens, logprobs),
             logit_bias=self.logit_bias,
-            grammar=response_grammar(self.response_format),
+            grammar=constraints[0][1] if constraints else None,
         )
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -336,3 +337,82 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event_and_counts_as_a_fai
         # the failed sequence left the running batch: the engine serves the next request whole
         again = client.post("/v1/generate", json={"prompt": "The film was", "max_new_tokens": 4})
         assert again.status_code == 200 and again.json()["tokens"] == 4
+
+
+# -- constrained answers: vLLM's structured_outputs and guided_*, text-generation-inference's grammar ----
+
+
+@pytest.mark.parametrize(
+    ("constraint", "accepts"),
+    [
+        (
+            {"structured_outputs": {"choice": ["yes", "no", "maybe so"]}},
+            lambda t: t in ("yes", "no", "maybe so"),
+        ),
+        ({"guided_choice": ["red", "green"]}, lambda t: t in ("red", "green")),
+        (
+            {"structured_outputs": {"regex": "[0-9]{3}-[a-c]{1,4}"}},
+            lambda t: re.fullmatch("[0-9]{3}-[a-c]{1,4}", t),
+        ),
+        ({"guided_regex": "(film|book)s?"}, lambda t: re.fullmatch("(film|book)s?", t)),
+        ({"structured_outputs": {"grammar": 'start: "A" | "B" "!"?'}}, lambda t: re.fullmatch("A|B!?", t)),
+        (
+            {
+                "guided_json": {
+                    "type": "object",
+                    "properties": {"n": {"enum": [1, 2]}},
+                    "required": ["n"],
+                    "additionalProperties": False,
+                }
+            },
+            lambda t: json.loads(t)["n"] in (1, 2),
+        ),
+    ],
+)
+def test_a_constraint_keeps_the_answer_inside_it(
+    client: TestClient, constraint: dict[str, Any], accepts: Any
+) -> None:
+    body = {"model": LM, "prompt": "The film was", "max_tokens": 24, **constraint}
+    for extra in ({"temperature": 0}, {"temperature": 1.2, "seed": 4}):
+        r = client.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and accepts(choice["text"]), choice
+
+
+def test_tgi_grammar_on_v1_generate(client: TestClient) -> None:
+    body = {
+        "prompt": "The film was",
+        "max_new_tokens": 24,
+        "grammar": {"type": "regex", "value": "[a-c]{2}!"},
+    }
+    r = client.post("/v1/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch("[a-c]{2}!", r.json()["generated_text"]) and r.json()["finish_reason"] == "eos"
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    r = client.post("/v1/generate", json={**body, "grammar": {"type": "json", "value": schema}})
+    assert isinstance(json.loads(r.json()["generated_text"])["ok"], bool)
+
+
+@pytest.mark.parametrize(
+    ("path", "change", "message"),
+    [
+        ("/v1/completions", {"guided_regex": "("}, "guided_regex: the regex cannot be compiled"),
+        ("/v1/completions", {"structured_outputs": {"choice": []}}, "a choice is a non-empty list"),
+        ("/v1/completions", {"structured_outputs": {"xml": "<a/>"}}, "'xml' is not one of json, regex"),
+        ("/v1/completions", {"structured_outputs": "yes"}, "expected an object with one of json"),
+        (
+            "/v1/completions",
+            {"guided_choice": ["a"], "response_format": {"type": "json_object"}},
+            "one constraint on the answer at most, not response_format, guided_choice",
+        ),
+        ("/v1/generate", {"grammar": {"type": "lark", "value": "x"}}, 'expected {"type": "json"'),
+        ("/v1/generate", {"grammar": {"type": "regex", "value": "[z-a]"}}, "the regex cannot be compiled"),
+    ],
+)
+def test_bad_constraints_are_clear(
+    client: TestClient, path: str, change: dict[str, Any], message: str
+) -> None:
+    length = "max_tokens" if path == "/v1/completions" else "max_new_tokens"
+    r = client.post(path, json={"model": LM, "prompt": "hi", length: 2, **change})
+    assert message in error(r)
