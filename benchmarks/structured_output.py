@@ -11,7 +11,8 @@ object) and `json_schema` (response_format: the schema below, every token masked
 `--new-tokens` tokens an answer, streamed, each `--streams` count of clients at once over all prompts.
 Reports per way and streams: the share of answers that parse as JSON, that fit the schema, and that
 `--new-tokens` cut; completion tokens/s (answers of different lengths amortise their prompts differently),
-TTFT p50, and the time a token after the first (p50), where a mask's cost per step shows. Writes
+TTFT p50, the time a token after the first (p50: prefills of other prompts between decode steps count
+there), and the engine's mean decode step (from /metrics), where a mask's cost per step shows. Writes
 OUT/structured-output-MODEL.{md,json,png}.
 """
 
@@ -120,8 +121,21 @@ async def ask(client: httpx.AsyncClient, model: str, passage: str, way: str, new
     }
 
 
+async def decode_steps(client: httpx.AsyncClient, model: str) -> tuple[float, float]:
+    """The engine's decode steps so far for `model`: (seconds, count), from /metrics (masks included: a
+    grammar's are computed inside the step, where its tokens are chosen)."""
+    text = (await client.get("/metrics")).text
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for kind in found:
+            name = f"distilserve_generation_step_duration_seconds_{kind}{{"
+            if line.startswith(name) and f'model="{model}"' in line and 'phase="decode"' in line:
+                found[kind] += float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
+
+
 async def load(base: str, model: str, passages: list[str], way: str, streams: int, new_tokens: int) -> Any:
-    """Every passage asked once, `streams` clients at once; the answers and the wall time."""
+    """Every passage asked once, `streams` clients at once; the answers, the wall time, the decode steps."""
     queue = list(enumerate(passages))
     answers: dict[int, Answer] = {}
 
@@ -131,10 +145,17 @@ async def load(base: str, model: str, passages: list[str], way: str, streams: in
             answers[i] = await ask(client, model, passage, way, new_tokens)
 
     async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        before = await decode_steps(client, model)
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(streams)))
         wall = time.perf_counter() - started
-    return {"wall_s": wall, "answers": [answers[i] for i in range(len(passages))]}
+        after = await decode_steps(client, model)
+    return {
+        "wall_s": wall,
+        "decode_s": after[0] - before[0],
+        "decode_steps": after[1] - before[1],
+        "answers": [answers[i] for i in range(len(passages))],
+    }
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -149,6 +170,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, float]:
         "parses": sum(p for p, _ in parsed) / len(parsed),
         "fits": sum(f for _, f in parsed) / len(parsed),
         "cut": sum(a["finish_reason"] == "length" for a in answers) / len(answers),
+        "decode_step_ms": 1000
+        * sum(r["decode_s"] for r in runs)
+        / max(1, sum(r["decode_steps"] for r in runs)),
     }
 
 
@@ -159,8 +183,9 @@ def render(command: str, results: dict[str, dict[str, list[dict[str, Any]]]], ex
         f"`{command}`",
         "",
         "| way | streams | answers parse as JSON | fit the schema | cut at --new-tokens "
-        "| tokens an answer (p50) | tokens/s | TTFT p50 ms | ms a token after the first (p50) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| tokens an answer (p50) | tokens/s | TTFT p50 ms | ms a token after the first (p50) "
+        "| engine decode step ms (mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for way, by_streams in results.items():
         for streams, runs in by_streams.items():
@@ -168,7 +193,7 @@ def render(command: str, results: dict[str, dict[str, list[dict[str, Any]]]], ex
             lines.append(
                 f"| {way} | {streams} | {s['parses']:.0%} | {s['fits']:.0%} | {s['cut']:.0%} | "
                 f"{s['tokens_p50']:.0f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_ms']:.0f} | "
-                f"{s['itl_p50_ms']:.1f} |"
+                f"{s['itl_p50_ms']:.1f} | {s['decode_step_ms']:.1f} |"
             )
     lines += ["", "The first prompt's answer each way:", ""]
     lines += [f"- {way}: `{text}`" for way, text in example.items()]

@@ -37,7 +37,8 @@ def test_the_schema_way_always_fits_and_the_report_says_so(chat_repository: Path
     untrained = [a["text"] for runs in results["instructed"].values() for run in runs for a in run["answers"]]
     assert not any(fits(t)[0] for t in untrained)  # an untrained model does not write JSON when asked
     report = (tmp_path / "out" / "structured-output-chat.md").read_text()
-    assert "| json_schema | 2 | 100% | 100% |" in report
+    assert "| json_schema | 2 | 100% | 100% | 0% |" in report
+    assert all(run["decode_steps"] > 0 for runs in results["json_schema"].values() for run in runs)
     assert (tmp_path / "out" / "structured-output-chat.png").stat().st_size > 0
 
 
