@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
@@ -29,6 +28,7 @@ from rich.console import Console
 from benchmarks.plots import saved_figure
 from benchmarks.served_graphs import counts_of
 from benchmarks.servers import serve
+from benchmarks.streams import stream_chat
 from common.cli import one_command_app
 from common.progress import ProgressLog
 from loadtests.texts import openings
@@ -50,24 +50,10 @@ async def ask(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    started, first = time.perf_counter(), None
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line.removeprefix("data: "))
-            for choice in event.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-            usage = event.get("usage") or usage
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    ttft = (first or time.perf_counter()) - started
-    return "".join(text), {"ttft_s": ttft, "prompt_tokens": usage["prompt_tokens"], "cached_tokens": cached}
+    answer = await stream_chat(client, body)
+    cached = (answer.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    turn = {"ttft_s": answer.ttft_s, "prompt_tokens": answer.usage["prompt_tokens"], "cached_tokens": cached}
+    return answer.text, turn
 
 
 async def chat(base: str, model: str, questions: list[str], new_tokens: int) -> list[Turn]:

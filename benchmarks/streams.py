@@ -9,7 +9,10 @@ import os
 import random
 import statistics
 import time
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import httpx
 
 from loadtests.texts import reviews
 
@@ -121,3 +124,37 @@ def generation_load(
         "errors": sum(not r["ok"] for r in records),
         "client_cpu": cpu / wall / (os.cpu_count() or 1),
     }
+
+
+@dataclass
+class StreamedChat:
+    """One streamed /v1/chat/completions answer as a client sees it."""
+
+    text: str = ""
+    ttft_s: float = 0.0  # to the first content
+    seconds: float = 0.0  # to the last event
+    finish_reason: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)  # the last usage the server sent (stream_options)
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> StreamedChat:
+    """POST `body` (with `"stream": true`) to /v1/chat/completions and read its events to the end."""
+    started, first = time.perf_counter(), None
+    answer = StreamedChat()
+    pieces: list[str] = []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            for choice in event.get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    pieces.append(piece)
+                answer.finish_reason = choice.get("finish_reason") or answer.finish_reason
+            answer.usage = event.get("usage") or answer.usage
+    done = time.perf_counter()
+    answer.text, answer.ttft_s, answer.seconds = "".join(pieces), (first or done) - started, done - started
+    return answer

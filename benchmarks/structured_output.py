@@ -32,6 +32,7 @@ from rich.console import Console
 from benchmarks.plots import saved_figure
 from benchmarks.served_graphs import counts_of
 from benchmarks.servers import serve
+from benchmarks.streams import stream_chat
 from common.cli import one_command_app
 from common.progress import ProgressLog
 from loadtests.texts import openings
@@ -95,29 +96,13 @@ async def ask(client: httpx.AsyncClient, model: str, passage: str, way: str, new
     }
     if WAYS[way] is not None:
         body["response_format"] = WAYS[way]
-    started, first, finish = time.perf_counter(), None, None
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line.removeprefix("data: "))
-            for choice in event.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    text.append(piece)
-                finish = choice.get("finish_reason") or finish
-            usage = event.get("usage") or usage
-    done = time.perf_counter()
+    answer = await stream_chat(client, body)
     return {
-        "text": "".join(text),
-        "finish_reason": finish,
-        "tokens": usage["completion_tokens"],
-        "ttft_s": (first or done) - started,
-        "seconds": done - started,
+        "text": answer.text,
+        "finish_reason": answer.finish_reason,
+        "tokens": answer.usage["completion_tokens"],
+        "ttft_s": answer.ttft_s,
+        "seconds": answer.seconds,
     }
 
 

@@ -42,6 +42,31 @@ def ids(parts: tuple[Any, ...], text: str) -> list[int]:
     return [int(t) for t in parts[2].encode([text])[0].input_ids]
 
 
+def together(
+    parts: tuple[Any, ...], prompts: list[list[int]], params: SamplingParams, max_running: int = 8
+) -> list[list[int]]:
+    """Each prompt submitted once the one before has a few tokens: they join a running batch at different
+    steps. The engine is closed whatever happens (a running engine thread would hold the executor)."""
+
+    async def main() -> list[list[int]]:
+        engine = make_engine(parts, max_running=max_running)
+        engine.start()
+        try:
+            sequences = []
+            for prompt in prompts:
+                sequences.append(engine.submit(prompt, params))
+                while len(sequences[-1].output) < 3 and not sequences[-1].done:
+                    await asyncio.sleep(0.001)
+            for seq in sequences:
+                async for _ in engine.stream(seq):
+                    pass
+        finally:
+            await engine.close()
+        return [seq.output for seq in sequences]
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 

@@ -4,7 +4,6 @@ a running batch that others join."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,12 +12,10 @@ from typing import Any
 import pytest
 
 from service.engine import OrtEngine
-from service.generation.engine import GenerationEngine
-from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
-from service.generation.scheduler import Scheduler, SchedulerConfig
 from service.repository import read_version
 from service.tokenization import TextEncoder
+from tests.service.generation.helpers import together
 from tests.tiny_models import CORPUS
 
 PROMPTS = ["I loved this", "Acme was founded by John Smith in 1950", "Who", "The film was wonderful and"]
@@ -45,33 +42,7 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def generate_together(served: tuple[Any, ...], prompts: list[list[int]]) -> list[list[int]]:
-    """Each prompt submitted once the one before has a few tokens: joins at different steps."""
-    engine_, layout, encoder, executor = served
-    params = SamplingParams(max_new_tokens=NEW_TOKENS)
-
-    async def main() -> list[list[int]]:
-        engine = GenerationEngine(
-            DecoderRunner(engine_, layout),
-            Scheduler(SchedulerConfig(max_running=8)),
-            encoder.text_stream,
-            layout.eos_token_id,
-            executor,
-        )
-        engine.start()
-        try:  # closed whatever happens: a running engine thread would hold the executor at teardown
-            sequences = []
-            for prompt in prompts:
-                sequences.append(engine.submit(prompt, params))
-                while len(sequences[-1].output) < 3 and not sequences[-1].done:
-                    await asyncio.sleep(0.001)
-            for seq in sequences:
-                async for _ in engine.stream(seq):
-                    pass
-        finally:
-            await engine.close()
-        return [seq.output for seq in sequences]
-
-    return asyncio.run(asyncio.wait_for(main(), 60))
+    return together(served, prompts, SamplingParams(max_new_tokens=NEW_TOKENS))
 
 
 def test_greedy_with_grouped_kv_heads_equals_pytorch_alone_and_in_a_batch(

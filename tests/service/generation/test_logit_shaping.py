@@ -5,7 +5,6 @@ drafted by a student, greedy text is the teacher's and sampled text keeps the te
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
 from service.generation.speculative import SpeculativeRunner
 from tests.service.generation.conftest import Loaded
-from tests.service.generation.helpers import PROMPTS, alone, ids, make_engine
+from tests.service.generation.helpers import PROMPTS, alone, ids, together
 from tests.service.generation.test_speculative import REQUESTS, generate, one_distribution, sampled_openings
 
 NEW_TOKENS = 16
@@ -68,28 +67,6 @@ def torch_greedy(
             if token == eos:
                 break
     return [int(t) for t in input_ids[0, len(prompt) :]]
-
-
-def together(parts: tuple[Any, ...], prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    """Each prompt submitted once the one before has a few tokens: they join a running batch."""
-
-    async def main() -> list[list[int]]:
-        engine = make_engine(parts, max_running=8)
-        engine.start()
-        try:
-            sequences = []
-            for prompt in prompts:
-                sequences.append(engine.submit(prompt, params))
-                while len(sequences[-1].output) < 3 and not sequences[-1].done:
-                    await asyncio.sleep(0.001)
-            for seq in sequences:
-                async for _ in engine.stream(seq):
-                    pass
-        finally:
-            await engine.close()
-        return [seq.output for seq in sequences]
-
-    return asyncio.run(asyncio.wait_for(main(), 60))
 
 
 @pytest.mark.parametrize("shaping", list(SHAPINGS.values()), ids=list(SHAPINGS))
