@@ -7,8 +7,8 @@ TensorRT-LLM) serve it and their tools (genai-perf, LangChain's Triton client) c
 Request: `{"text_input": str, "parameters": {...}, "id": str}` (`parameters` and `id` optional). As Triton
 passes a request's other properties on as parameters, a parameter may also stand at the top level.
 Parameters: `max_tokens` (or `max_new_tokens`; default 32), `temperature`, `top_p`, `top_k`,
-`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `ignore_eos`,
-`truncate_prompt`, with /v1/generate's limits;
+`repetition_penalty`, `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `stop_token_ids`,
+`min_tokens`, `ignore_eos`, `truncate_prompt`, with /v1/generate's limits;
 `exclude_input_in_output` (default true: the continuation alone; false: the prompt, then the
 continuation, as vLLM's backend returns by default); `stream` is accepted and left to the URL. Any other is
 a 400 naming it: a parameter this server would silently ignore is a wrong answer waiting to happen.
@@ -52,6 +52,8 @@ SAMPLING = (
     "frequency_penalty",
     "seed",
     "stop",
+    "stop_token_ids",
+    "min_tokens",
     "ignore_eos",
     "truncate_prompt",
 )
@@ -70,7 +72,7 @@ class GenerateExtensionRequest(BaseModel):
         default_factory=dict,
         examples=[{"max_tokens": 16, "temperature": 0}],
         description="max_tokens, temperature, top_p, top_k, repetition_penalty, presence_penalty, "
-        "frequency_penalty, seed, stop, ignore_eos, "
+        "frequency_penalty, seed, stop, stop_token_ids, min_tokens, ignore_eos, "
         "truncate_prompt, exclude_input_in_output, stream; also accepted at the top level.",
     )
     id: str | None = None

@@ -183,6 +183,8 @@ class TokenStreams:
             return False
         before = len(seq.text)
         seq.text += piece
+        if seq.streamed < seq.params.min_tokens:
+            return False  # no stop string counts before min_tokens (as vLLM's)
         for stop in seq.params.stop:
             at = seq.text.find(stop, max(0, before - len(stop) + 1))
             if at != -1:

@@ -128,7 +128,7 @@ class GenerationCore:
                 continue
             handed_out: set[int] = set()  # sequences whose first tokens went out before the decode call
             try:
-                self._start_grammars(plan.prefill)
+                self._joining(plan.prefill)
                 result = self.runner.execute(plan, functools.partial(self._first_tokens, plan, handed_out))
                 seqs = [s for s in [*plan.prefill, *plan.decode] if s.id not in handed_out]
                 produced = self._produced(seqs, result.tokens, result.more, result.logprobs)
@@ -145,10 +145,13 @@ class GenerationCore:
                     log.exception("generation step hook failed")
             self._to_loop(self._deliver, produced)
 
-    def _start_grammars(self, joining: Sequence[GenSequence]) -> None:
-        """A matcher for each joining sequence whose output follows a grammar (here, on the engine thread:
-        the first one builds llguidance's view of the tokenizer)."""
+    def _joining(self, joining: Sequence[GenSequence]) -> None:
+        """Each joining sequence's stop ids (the model's, unless it ignores eos, and its own), and a matcher
+        for one whose output follows a grammar (here, on the engine thread: the first one builds llguidance's
+        view of the tokenizer)."""
         for seq in joining:
+            model = frozenset() if seq.params.ignore_eos else self.stop_token_ids
+            seq.stop_ids = model | frozenset(seq.params.stop_token_ids)
             if seq.params.grammar is not None and seq.grammar is None:
                 if self.grammars is None:
                     raise ValueError("this model was loaded without a tokenizer for grammars")
@@ -189,7 +192,7 @@ class GenerationCore:
         if seq.grammar is not None:
             seq.grammar.advance(token)
         finish: FinishReason | None = None
-        if token in self.stop_token_ids and not seq.params.ignore_eos:
+        if token in seq.stop_ids:
             finish = "eos"
         elif len(seq.output) >= seq.params.max_new_tokens:
             finish = "length"

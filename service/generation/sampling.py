@@ -40,6 +40,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: taken from a token's logit once per time the output holds it
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit); -100 bans
     grammar: str | None = None  # llguidance grammar text the output must follow (service.generation.grammar)
+    min_tokens: int = 0  # vLLM's: no stop token (the model's or stop_token_ids) and no stop string before
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: these end the output too, besides the model's own
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_new_tokens whatever the model says (fixed-length benchmarks)
@@ -52,13 +54,14 @@ class SamplingParams:
 
     @property
     def shaped(self) -> bool:
-        """Whether a bias, a penalty or a grammar changes the logits before a token is chosen."""
+        """Whether a bias, a penalty, a grammar or min_tokens changes the logits before a token is chosen."""
         return bool(
             self.repetition_penalty != 1.0
             or self.presence_penalty
             or self.frequency_penalty
             or self.logit_bias
             or self.grammar is not None
+            or self.min_tokens > 0
         )
 
     @property

@@ -59,10 +59,24 @@ class Sequence:
     rng: np.random.Generator | None = None
     detokenizer: Detokenizer | None = None  # set by the engine that streams it
     grammar: GrammarState | None = None  # where params.grammar is set: the engine core's matcher
+    stop_ids: frozenset[int] = frozenset()  # the ids that end it, set by the engine core when it joins
 
-    def allowed(self, columns: int) -> np.ndarray | None:
-        """The tokens its grammar allows next (None: any)."""
-        return None if self.grammar is None else self.grammar.allowed(columns)
+    @property
+    def constrained(self) -> bool:
+        """Whether some tokens may not come next: a grammar, or stop tokens held back by min_tokens."""
+        return self.grammar is not None or self.params.min_tokens > 0
+
+    def allowed(self, columns: int, ahead: int = 0) -> np.ndarray | None:
+        """The tokens that may come next (None: any), `ahead` drafted tokens past its output (its grammar
+        already advanced past them): its grammar's, less its stop ids while min_tokens are not out."""
+        mask = None if self.grammar is None else self.grammar.allowed(columns)
+        if len(self.output) + ahead < self.params.min_tokens and self.stop_ids:
+            mask = np.ones(columns, dtype=bool) if mask is None else mask
+            held = [t for t in self.stop_ids if t < columns]
+            mask[held] = False
+            if not mask.any():  # a grammar that can only end: ending beats looping
+                mask[held] = True
+        return mask
 
     def __post_init__(self) -> None:
         if not self.params.greedy:

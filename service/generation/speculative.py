@@ -80,6 +80,13 @@ def distribution(
     return out / out.sum()
 
 
+def _allowed(seq: Sequence, columns: int, ahead: int) -> np.ndarray:
+    """A constrained sequence's allowed tokens `ahead` drafted tokens past its output (all of them once its
+    min_tokens are out and it has no grammar)."""
+    mask = seq.allowed(columns, ahead)
+    return np.ones(columns, dtype=bool) if mask is None else mask
+
+
 def draw(probabilities: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(probabilities)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
@@ -249,8 +256,8 @@ class SpeculativeRunner:
         # rows that sample, bias or penalise need whole distributions; plain greedy ones an argmax
         shaped = [row for row, s in enumerate(rows) if not s.params.argmax]
         q: list[list[np.ndarray]] = [[] for _ in rows]
-        # rows that follow a grammar: the tokens it allows at each drafted position, then after the last
-        masks: dict[int, list[np.ndarray]] = {row: [] for row, s in enumerate(rows) if s.grammar is not None}
+        # constrained rows (grammar, min_tokens): the tokens allowed at each drafted position, and after
+        masks: dict[int, list[np.ndarray]] = {row: [] for row, s in enumerate(rows) if s.constrained}
         if draft_cache is not None:
             assert self.draft is not None
             feed = last[:, None]
@@ -293,11 +300,11 @@ class SpeculativeRunner:
 
         out = _feed(self.teacher, teacher_cache, np.concatenate([last[:, None], drafts], axis=1))
         for row, row_masks in masks.items():
-            grammar = rows[row].grammar
-            assert grammar is not None
+            s = rows[row]
             if len(row_masks) == k:  # after the last draft (or with none)
-                row_masks.append(grammar.allowed(out["logits"].shape[-1]))
-            grammar.take_back()  # the kept tokens advance it as they are recorded (engine_thread)
+                row_masks.append(_allowed(s, out["logits"].shape[-1], k))
+            if s.grammar is not None:
+                s.grammar.take_back()  # the kept tokens advance it as they are recorded (engine_thread)
 
         emitted: dict[int, list[int]] = {}
         best = out["logits"].argmax(axis=-1)  # [rows, k + 1]: the teacher's greedy choice at each position
@@ -332,12 +339,10 @@ class SpeculativeRunner:
     def _grammar_allows(
         rows: Seq[Sequence], masks: dict[int, list[np.ndarray]], scores: dict[int, np.ndarray], j: int
     ) -> bool:
-        """Each grammar row's allowed tokens at draft position `j` into `masks`; False where one of them
+        """Each constrained row's allowed tokens at draft position `j` into `masks`; False where one of them
         allows nothing the draft scored (a cut head's columns), which ends the round before `j`."""
         for row, row_masks in masks.items():
-            grammar = rows[row].grammar
-            assert grammar is not None
-            row_masks.append(grammar.allowed(len(scores[row])))
+            row_masks.append(_allowed(rows[row], len(scores[row]), j))
             if not np.isfinite(scores[row][row_masks[-1]]).any():
                 return False
         return True

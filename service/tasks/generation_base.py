@@ -80,6 +80,17 @@ class SamplingFields(BaseModel):
     )
     seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible (an int64).")
     stop: Stops = Field((), description="Stop before any of these strings (not included in the text).")
+    stop_token_ids: list[int] = Field(
+        default_factory=list,
+        max_length=64,
+        description="vLLM's: these tokens end the output too (kept in it).",
+    )
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="vLLM's: no stop token and no stop string ends the output before this many.",
+    )
     truncate_prompt: bool = Field(
         False, description="Keep the prompt's end when it exceeds the window (or the server's cache budget)."
     )
@@ -99,6 +110,8 @@ class SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty,
             seed=self.seed,
             stop=self.stop,
+            stop_token_ids=tuple(self.stop_token_ids),
+            min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
         )
@@ -143,6 +156,12 @@ def prepare(
     if model.generator is None:
         raise InvalidInputError(f"model {model.name!r} serves {model.manifest.task}, not text-generation")
     vocab = model.encoder.vocab_size
+    if any(not 0 <= t < vocab for t in params.stop_token_ids):
+        raise InvalidInputError(f"stop_token_ids must be in [0, {vocab}): the vocabulary of {model.name!r}")
+    if params.min_tokens > params.max_new_tokens:
+        raise InvalidInputError(
+            f"min_tokens ({params.min_tokens}) is more than the tokens asked for ({params.max_new_tokens})"
+        )
     if any(t >= vocab for t, _ in params.logit_bias):
         raise InvalidInputError(
             f"logit_bias: token ids must be in [0, {vocab}): the vocabulary of {model.name!r}"

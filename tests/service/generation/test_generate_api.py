@@ -416,3 +416,54 @@ def test_bad_constraints_are_clear(
     length = "max_tokens" if path == "/v1/completions" else "max_new_tokens"
     r = client.post(path, json={"model": LM, "prompt": "hi", length: 2, **change})
     assert message in error(r)
+
+
+# -- vLLM's min_tokens and stop_token_ids --------------------------------------------------------------------
+
+
+def test_min_tokens_and_stop_token_ids_over_http(client: TestClient) -> None:
+    eos_text = client.get("/tokenizer_info", params={"model": LM}).json()["eos_token"]
+    (eos,) = client.post("/tokenize", json={"model": LM, "prompt": eos_text}).json()["tokens"]
+    body = {
+        "model": LM,
+        "prompt": [5, 9, 13],
+        "max_tokens": 12,
+        "temperature": 0,
+        "logit_bias": {str(eos): 100},
+    }
+    at_once = client.post("/v1/completions", json=body).json()
+    assert at_once["usage"]["completion_tokens"] == 1 and at_once["choices"][0]["finish_reason"] == "stop"
+    held = client.post("/v1/completions", json={**body, "min_tokens": 6}).json()
+    assert held["usage"]["completion_tokens"] == 7 and held["choices"][0]["finish_reason"] == "stop"
+    greedy = {"model": LM, "prompt": [5, 9, 13], "max_tokens": 12, "temperature": 0}
+    text = client.post("/v1/completions", json={**greedy, "max_tokens": 1}).json()["choices"][0]["text"]
+    (first,) = client.post("/tokenize", json={"model": LM, "prompt": text}).json()["tokens"]
+    stopped = client.post("/v1/completions", json={**greedy, "stop_token_ids": [first]}).json()
+    assert stopped["usage"]["completion_tokens"] == 1 and stopped["choices"][0]["finish_reason"] == "stop"
+
+
+def test_no_stop_string_counts_before_min_tokens(client: TestClient) -> None:
+    body = {"prompt": "I loved this film, it was", "max_new_tokens": 12, "ignore_eos": True}
+    text = client.post("/v1/generate", json=body).json()["generated_text"]  # " was wonderful wonderful ..."
+    stop = " wonderful"
+    cut = client.post("/v1/generate", json={**body, "stop": [stop]}).json()
+    assert cut["finish_reason"] == "stop" and cut["generated_text"] == text[: text.index(stop)]
+    later = client.post("/v1/generate", json={**body, "stop": [stop], "min_tokens": 12}).json()
+    assert later["tokens"] == 12  # the stop string counts again from the 12th token: it ends there
+    assert later["generated_text"] == text[: text.rindex(stop)] and later["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens (5) is more than the tokens asked for (2)"),
+        ({"stop_token_ids": [99999999]}, "stop_token_ids must be in [0, "),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be in [0, "),
+        ({"min_tokens": -1}, "min_tokens: Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_min_tokens_and_stop_token_ids_are_clear(
+    client: TestClient, change: dict[str, Any], message: str
+) -> None:
+    r = client.post("/v1/completions", json={"model": LM, "prompt": "hi", "max_tokens": 2, **change})
+    assert message in error(r)

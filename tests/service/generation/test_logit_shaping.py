@@ -129,3 +129,31 @@ def test_shaped_rows_beside_plain_greedy_rows_keep_their_own_choices(loaded: Loa
     mixed = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, params=mixed_params)
     assert mixed == [shaped[i] if i % 2 else plain[i] for i in range(len(REQUESTS))]
     assert plain != shaped
+
+
+def test_min_tokens_holds_the_stop_tokens_back(parts: tuple[Any, ...]) -> None:
+    eos = parts[1].eos_token_id
+    prompt = ids(parts, PROMPTS[1])
+    ending = SamplingParams(max_new_tokens=NEW_TOKENS, logit_bias=((eos, 100.0),))  # eos at once, unless held
+    assert alone(parts, prompt, ending) == [eos]
+    held = alone(parts, prompt, SamplingParams(**{**ending.__dict__, "min_tokens": 5}))
+    assert len(held) == 6 and held[-1] == eos and eos not in held[:5]
+
+
+def test_stop_token_ids_end_the_output_at_the_first_of_them(parts: tuple[Any, ...]) -> None:
+    prompt = ids(parts, PROMPTS[2])
+    plain = alone(parts, prompt, SamplingParams(max_new_tokens=NEW_TOKENS))
+    at = next(i for i, t in enumerate(plain) if i >= 2 and t not in plain[:i])
+    stopped = alone(parts, prompt, SamplingParams(max_new_tokens=NEW_TOKENS, stop_token_ids=(plain[at],)))
+    assert stopped == plain[: at + 1]
+
+
+def test_drafted_min_tokens_is_the_teachers_own(loaded: Loaded) -> None:
+    eos = loaded["lm-teacher"][1].eos_token_id
+    shaping = {"logit_bias": ((eos, 100.0),), "min_tokens": 4}
+    stops = frozenset({eos})
+    expected = generate(DecoderRunner(*loaded["lm-teacher"]), REQUESTS, stop_ids=stops, **shaping)
+    assert all(out[: min(4, len(out))].count(eos) == 0 for out in expected)
+    assert all(out[4:] == [eos] * (len(out) - 4) for out in expected)
+    speculative = SpeculativeRunner(DecoderRunner(*loaded["lm-teacher"]), DecoderRunner(*loaded["lm"]), 3, 64)
+    assert generate(speculative, REQUESTS, stop_ids=stops, **shaping) == expected

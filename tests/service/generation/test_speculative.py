@@ -26,14 +26,18 @@ def generate(
     before_step: Callable[[int], None] | None = None,
     results: list[StepResult] | None = None,
     params: list[SamplingParams] | None = None,
+    stop_ids: frozenset[int] = frozenset(),
     **shaping: Any,
 ) -> list[list[int]]:
     """Continuous batching by hand: request i joins at step `arrival`, leaves after its max_new_tokens,
-    greedy with the `shaping` given (a bias, penalties), or with its own `params`. `before_step(step)` runs
-    before each step; `results` receives each step's result."""
+    greedy with the `shaping` given (a bias, penalties), or with its own `params`; `stop_ids` what the engine
+    thread would give each sequence (what min_tokens holds back). `before_step(step)` runs before each step;
+    `results` receives each step's result."""
     if params is None:
         params = [SamplingParams(max_new_tokens=n, **shaping) for _, _, n in requests]
-    seqs = [Sequence(prompt=p, params=q) for (_, p, _), q in zip(requests, params, strict=True)]
+    seqs = [
+        Sequence(prompt=p, params=q, stop_ids=stop_ids) for (_, p, _), q in zip(requests, params, strict=True)
+    ]
     running: list[Sequence] = []
     step = 0
     while any(len(s.output) < s.params.max_new_tokens for s in seqs):
