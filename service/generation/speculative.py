@@ -8,12 +8,8 @@ kept, plus one token of the teacher's own: every step yields 1 to k + 1 tokens f
 
 - Greedy: a draft token is kept while it is the teacher's argmax after the tokens before it, so the text is
   the teacher's greedy text exactly.
-- Sampling: the accept/reject rule of Leviathan et al. (2023) and Chen et al. (2023): draft token x, drawn
-  from the draft's distribution q, is kept with probability min(1, p(x) / q(x)) under the teacher's p; at
-  the first rejection the token is drawn from the residual max(0, p - q) (normalised) instead; with all k
-  kept, one more is drawn from p. Each emitted token is then distributed exactly as the teacher's sampler
-  would have drawn it (p and q are the full processed distributions: bias, penalties, temperature, top-k,
-  top-p, each after the same tokens, drafts included).
+- Sampling: the accept/reject rule of Leviathan et al. (2023) and Chen et al. (2023), so each emitted token
+  is distributed exactly as the teacher's sampler would have drawn it (service.generation.acceptance).
 
 Both models keep their caches in `SlotCache`s of the same rows. After a step the teacher's cache holds the
 kept positions (the rejected ones are cut off: `SlotCache.truncate`), and so does the draft's, but for the
@@ -40,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from service.engine import Engine
+from service.generation.acceptance import accept, allowed_ahead, distribution, draw
 from service.generation.choices import StepLogprobs, add_logprobs
 from service.generation.runner import DecoderRunner, FirstTokens, StepResult, hand_out, sync_rows
-from service.generation.sampling import SamplingParams, scaled, shaped_scores
 from service.generation.scheduler import StepPlan
 from service.generation.sequence import Sequence
 from service.generation.slot_cache import SlotCache
@@ -51,69 +47,6 @@ from service.manifest import GenerationLayout, Manifest
 log = logging.getLogger(__name__)
 
 DRAFT_COST_LIMIT = 1 / 3  # auto: a draft step must cost at most this share of a teacher step
-
-
-def distribution(
-    logits: np.ndarray,
-    params: SamplingParams,
-    prompt: Seq[int],
-    output: Seq[int],
-    allowed: np.ndarray | None = None,
-) -> np.ndarray:
-    """The next token's probabilities as `sampling.next_token` draws it after `prompt` and `output` (float64,
-    zero outside top-k / top-p and outside what a grammar `allowed`); greedy: all mass on the argmax."""
-    scores = shaped_scores(logits, params, prompt, output, allowed)
-    out = np.zeros(scores.shape[-1], dtype=np.float64)
-    if params.greedy:
-        out[int(np.argmax(scores))] = 1.0
-        return out
-    weights = np.exp(scaled(scores, params.temperature).astype(np.float64))
-    order = np.argsort(-weights, kind="stable")
-    vocab = len(order)
-    keep = params.top_k if 0 < params.top_k < vocab else vocab
-    kept = order[:keep]
-    if params.top_p < 1.0:
-        mass = np.cumsum(weights[kept]) / weights[kept].sum()
-        kept = kept[: int(np.searchsorted(mass - weights[kept] / weights[kept].sum(), params.top_p))]
-        kept = kept if len(kept) else order[:1]
-    out[kept] = weights[kept]
-    return out / out.sum()
-
-
-def _allowed(seq: Sequence, columns: int, ahead: int) -> np.ndarray:
-    """A constrained sequence's allowed tokens `ahead` drafted tokens past its output (all of them once its
-    min_tokens are out and it has no grammar)."""
-    mask = seq.allowed(columns, ahead)
-    return np.ones(columns, dtype=bool) if mask is None else mask
-
-
-def draw(probabilities: np.ndarray, rng: np.random.Generator) -> int:
-    cdf = np.cumsum(probabilities)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1))
-
-
-def accept(
-    drafts: Seq[int], q: Seq[np.ndarray], p: Seq[np.ndarray], rng: np.random.Generator | None
-) -> list[int]:
-    """The tokens a step emits: the kept drafts, then one of the teacher's (len(p) == len(drafts) + 1).
-
-    Greedy (no rng): drafts are kept while each is the teacher's argmax; the teacher's argmax follows.
-    Sampled: the Leviathan/Chen rule (see the module's docstring)."""
-    out: list[int] = []
-    for j, token in enumerate(drafts):
-        if rng is None:
-            best = int(np.argmax(p[j]))
-            if token != best:
-                return [*out, best]
-        else:
-            ratio = p[j][token] / q[j][token] if q[j][token] > 0 else 0.0
-            if rng.random() >= min(1.0, ratio):
-                residual = np.maximum(p[j] - q[j], 0.0)
-                total = residual.sum()
-                return [*out, draw(residual / total if total > 0 else p[j], rng)]
-        out.append(token)
-    last = p[len(drafts)]
-    return [*out, int(np.argmax(last)) if rng is None else draw(last, rng)]
 
 
 class SpeculativeRunner:
@@ -302,7 +235,7 @@ class SpeculativeRunner:
         for row, row_masks in masks.items():
             s = rows[row]
             if len(row_masks) == k:  # after the last draft (or with none)
-                row_masks.append(_allowed(s, out["logits"].shape[-1], k))
+                row_masks.append(allowed_ahead(s, out["logits"].shape[-1], k))
             if s.grammar is not None:
                 s.grammar.take_back()  # the kept tokens advance it as they are recorded (engine_thread)
 
@@ -342,7 +275,7 @@ class SpeculativeRunner:
         """Each constrained row's allowed tokens at draft position `j` into `masks`; False where one of them
         allows nothing the draft scored (a cut head's columns), which ends the round before `j`."""
         for row, row_masks in masks.items():
-            row_masks.append(_allowed(rows[row], len(scores[row]), j))
+            row_masks.append(allowed_ahead(rows[row], len(scores[row]), j))
             if not np.isfinite(scores[row][row_masks[-1]]).any():
                 return False
         return True

@@ -15,7 +15,7 @@ from service.generation.sampling import SamplingParams
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
 from service.generation.sequence import Sequence
 from service.generation.slot_cache import LayerCache
-from service.generation.speculative import SpeculativeRunner, accept, distribution
+from service.generation.speculative import SpeculativeRunner
 from service.manifest import GenerationLayout
 from tests.service.generation.conftest import Loaded
 
@@ -290,36 +290,6 @@ def test_without_a_confidence_every_round_drafts_k(loaded: Loaded) -> None:
     assert all(r.drafted == cap for r, cap in rounds(results, 3, 30))
 
 
-def chi_square(counts: np.ndarray, probabilities: np.ndarray) -> float:
-    expected = counts.sum() * probabilities
-    keep = expected > 0
-    assert counts[~keep].sum() == 0  # nothing where the teacher puts no mass
-    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-
-
-def test_the_sampling_rule_keeps_the_teachers_distribution() -> None:
-    """Drafts drawn from q, kept or replaced by the rule: the emitted tokens follow p, the teacher's, at
-    the first position and (given two emitted) at the second; a chi-square test on a 6-token vocabulary."""
-    rng = np.random.default_rng(0)
-    vocab, trials = 6, 40_000
-    p = [rng.dirichlet(np.ones(vocab)) for _ in range(3)]
-    q = [rng.dirichlet(np.ones(vocab)) for _ in range(2)]
-    q[1][3] = 0.0  # the draft never proposes a token the teacher may want: the residual must supply it
-    q[1] /= q[1].sum()
-    first, second = np.zeros(vocab), np.zeros(vocab)
-    for _ in range(trials):
-        drafts = [int(rng.choice(vocab, p=q[0])), int(rng.choice(vocab, p=q[1]))]
-        emitted = accept(drafts, q, p, rng)
-        first[emitted[0]] += 1
-        if len(emitted) >= 2:
-            second[emitted[1]] += 1
-    critical = 20.52  # chi-square, 5 degrees of freedom, p = 0.001
-    assert chi_square(first, p[0]) < critical
-    assert chi_square(second, p[1]) < critical
-    # and the rule is not vacuous: a draft that differs from the teacher is sometimes refused
-    assert second.sum() < trials
-
-
 def sampled_openings(
     runner: DecoderRunner | SpeculativeRunner,
     seeds: range,
@@ -369,19 +339,6 @@ def test_sampled_text_drafted_is_distributed_as_the_teachers_alone(loaded: Loade
     assert one_distribution(drafted, alone)
     assert len(rounds) == 1200
     assert set(rounds) == ({1, 2} if confidence else {2})
-
-
-def test_distribution_is_what_the_sampler_draws_from() -> None:
-    logits = np.array([2.0, 1.0, 0.5, -1.0, 3.0], dtype=np.float32)
-    greedy = distribution(logits, SamplingParams(), [], [])
-    assert greedy.tolist() == [0, 0, 0, 0, 1]
-    top2 = distribution(logits, SamplingParams(temperature=1.0, top_k=2), [], [])
-    e = np.exp([3.0, 2.0])
-    np.testing.assert_allclose(top2[[4, 0]], e / e.sum())
-    assert top2[[1, 2, 3]].sum() == 0
-    full = distribution(logits, SamplingParams(temperature=0.5), [], [])
-    w = np.exp((logits - logits.max()) / 0.5)
-    np.testing.assert_allclose(full, w / w.sum(), rtol=1e-6)
 
 
 def scheduled(
