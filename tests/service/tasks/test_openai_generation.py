@@ -233,6 +233,24 @@ def test_response_format_gives_json_the_schema_accepts(server: LiveServer) -> No
     assert fits(completion.choices[0].text) and completion.choices[0].finish_reason == "stop"
 
 
+def test_the_openai_clients_parse_helper_gets_its_pydantic_model(server: LiveServer) -> None:
+    """The official client's `chat.completions.parse(response_format=<a pydantic model>)`: it sends the
+    model's strict JSON schema and parses the answer back into the model."""
+    from pydantic import BaseModel
+
+    class Check(BaseModel):
+        ok: bool
+
+    client = openai_client(server)
+    # the tiny Llama has a 64-token window: a short conversation
+    short = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ok?"}]
+    answer = client.chat.completions.parse(
+        model=CHAT, messages=short, max_completion_tokens=34, temperature=0, response_format=Check
+    )
+    parsed = answer.choices[0].message.parsed
+    assert isinstance(parsed, Check) and answer.choices[0].finish_reason == "stop"
+
+
 def test_a_character_split_across_tokens_streams_whole(server: LiveServer) -> None:
     client = openai_client(server)
     plain = client.chat.completions.create(model=BYTES, messages=MESSAGES, max_tokens=8, temperature=0)
