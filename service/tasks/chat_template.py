@@ -81,13 +81,14 @@ class ChatTemplate:
         self._template = _environment().from_string(spec.template)  # jinja2.TemplateSyntaxError if bad
         self._tokens = {"bos_token": spec.bos_token, "eos_token": spec.eos_token}
 
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        """The prompt, ending with the template's opening of the assistant's turn."""
+    def render(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt, ending with the template's opening of the assistant's turn; `tools` (OpenAI's) for
+        templates that render them."""
         try:
             return self._template.render(
                 messages=list(messages),
                 add_generation_prompt=True,
-                tools=None,
+                tools=tools,
                 documents=None,
                 **self._tokens,
             )

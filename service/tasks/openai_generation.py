@@ -38,6 +38,7 @@ from service.tasks.generation_base import (
 from service.tasks.generation_shadow import shadow_hook
 from service.tasks.openai_logprobs import LogprobWriter
 from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
+from service.tasks.openai_tools import ToolCalling
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -73,6 +74,7 @@ class Shape:
     choice: Callable[[str, str, dict[str, Any] | None], dict[str, Any]]
     chunk_choices: Callable[[TokenEvent, LogprobWriter | None], list[dict[str, Any]]]
     opening: tuple[dict[str, Any], ...] = ()
+    calling: ToolCalling | None = None  # chat answers that are tool calls (service.tasks.openai_tools)
 
 
 def _take(writer: LogprobWriter | None, event: TokenEvent | None = None) -> dict[str, Any] | None:
@@ -139,6 +141,40 @@ CHAT = Shape(
 )
 
 
+def tool_shape(calling: ToolCalling) -> Shape:
+    """Chat, the answer's text turned into `message.tool_calls` (as text where it is not whole: cut at the
+    token limit). Streamed, the calls go whole in one delta once the answer is complete."""
+
+    def choice(text: str, finish: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        calls = calling.calls(text) if finish != "length" else None
+        if calls is None:
+            return CHAT.choice(text, finish, logprobs)
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": calling.finish}
+
+    return dataclasses.replace(CHAT, choice=choice, calling=calling)
+
+
+def _tool_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
+    """Nothing until the answer is complete; then its calls in one delta and the finish reason."""
+    if choice.logprobs is not None:
+        choice.logprobs.add(event)
+    choice.held.append(event.text)
+    if event.finish_reason is None:
+        return []
+    text = "".join(choice.held)
+    whole = tool_shape(calling).choice(text, _finish(event.finish_reason) or "stop", _take(choice.logprobs))
+    message = whole["message"]
+    if message.get("tool_calls") is None:
+        delta: dict[str, Any] = {"content": message["content"]}
+    else:
+        delta = {"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
+    return [
+        {"index": 0, "delta": delta, "logprobs": whole["logprobs"], "finish_reason": None},
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": whole["finish_reason"]},
+    ]
+
+
 @dataclass
 class Choice:
     """One prompt's part of an answer: its engine request, its place, its log-probabilities' writer where
@@ -152,6 +188,7 @@ class Choice:
     # `max_tokens: 0` with `echo`: the prompt scored, nothing generated. The engine's prefill still chooses a
     # token (it is one engine call either way); the answer leaves it out.
     scores_only: bool = False
+    held: list[str] = dataclasses.field(default_factory=list)  # a streamed tool call's text until it is whole
 
     def seen(self, event: TokenEvent) -> TokenEvent:
         """The event as this choice's client sees it (a scores-only choice's token is none of its)."""
@@ -249,6 +286,8 @@ class Answer:
         """The event's chunk choices at the choice's place; the echoed prompt (completions only) opens its
         first one's text."""
         event = choice.seen(event)
+        if self.shape.calling is not None:
+            return [c | {"index": choice.index} for c in _tool_chunks(self.shape.calling, choice, event)]
         chunks = [c | {"index": choice.index} for c in self.shape.chunk_choices(event, choice.logprobs)]
         if choice.echo is not None and chunks:
             chunks[0] = chunks[0] | {"text": choice.echo + chunks[0]["text"]}
@@ -289,8 +328,12 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
             f"model {model.name!r} cannot chat: {model.no_chat_reason}; use /v1/completions with a prompt",
             param="model",
         )
+    calling = body.calling
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and calling else None
     try:
-        prompt = model.chat.render([m.model_dump(exclude_none=True) for m in body.messages])
+        # an assistant's tool calls without text: "" for templates that read every message's content
+        messages = [{"content": "", **m.model_dump(exclude_none=True)} for m in body.messages]
+        prompt = model.chat.render(messages, tools)
     except ChatTemplateError as e:
         raise InvalidInputError(
             f"the model's chat template refused the messages: {e}", param="messages"
@@ -307,4 +350,5 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
         )
         for j, sample in enumerate(body.samples(prepared.params))
     ]
-    return await Answer(CHAT, model.name, choices).respond(body.stream, body.include_usage, x)
+    shape = CHAT if calling is None else tool_shape(calling)
+    return await Answer(shape, model.name, choices).respond(body.stream, body.include_usage, x)

@@ -6,11 +6,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from service.generation.grammar import CONSTRAINTS, constraint_grammar, json_grammar
 from service.generation.sampling import SamplingParams
 from service.tasks.generation_base import SamplingFields
+from service.tasks.openai_tools import ToolCalling, ToolSpec, tool_calling
 
 MAX_PROMPTS = 64  # prompts one completions request may carry (each one a choice, all decoded together)
 MAX_N = 16  # answers per prompt (OpenAI's `n`)
@@ -310,15 +319,24 @@ def _message_content(value: Any) -> Any:
 
 
 class ChatMessage(BaseModel):
-    """One message of the conversation; tool calls and non-text content are not supported."""
+    """One message of the conversation (text only): an assistant's may carry the tool calls it made instead
+    of text, and a `tool` message answers one of them; the chat template renders what it knows of them."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Annotated[str, BeforeValidator(_message_content)] = Field(
-        ..., description='A string, or a list of {"type": "text", "text": ...} parts.'
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Annotated[str | None, BeforeValidator(_message_content)] = Field(
+        None, description='A string, or a list of {"type": "text", "text": ...} parts.'
     )
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="An assistant's earlier tool calls.")
+    tool_call_id: str | None = Field(None, description="A tool message's: the call it answers.")
+
+    @model_validator(mode="after")
+    def _some_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (an assistant's message may give tool_calls instead)")
+        return self
 
 
 class ChatCompletionRequest(OpenAIRequest):
@@ -337,15 +355,35 @@ class ChatCompletionRequest(OpenAIRequest):
     top_logprobs: int | None = Field(
         None, ge=0, le=20, description="With logprobs: this many most likely alternatives per token."
     )
-    tools: list[Any] | None = Field(None, description="Not supported: null or empty.")
-    tool_choice: Any = Field(None, description="Not supported: null or 'none'.")
-    functions: list[Any] | None = Field(None, description="Not supported: must be null.")
-    function_call: Any = Field(None, description="Not supported: must be null.")
+    tools: list[ToolSpec] | None = Field(
+        None, description="Functions the answer may call (service.tasks.openai_tools); with tool_choice."
+    )
+    tool_choice: Any = Field(
+        None,
+        validate_default=True,  # tools without a tool_choice are refused with it named
+        description='"none", "required" (one call or more) or {"type": "function", "function": {"name": '
+        '...}}; "auto" (the default with tools) needs a tool-call parser this server does not have.',
+    )
+    functions: list[Any] | None = Field(None, description="Not supported: must be null (see tools).")
+    function_call: Any = Field(None, description="Not supported: must be null (see tool_choice).")
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> Any:
+        tool_calling(info.data.get("tools"), value)  # refused here, with what is wrong
+        return value
+
+    @property
+    def calling(self) -> ToolCalling | None:
+        """How the answer becomes tool calls (None: a text answer)."""
+        return tool_calling(self.tools, self.tool_choice)
+
+    def constraints(self) -> list[tuple[str, str]]:
+        calling = self.calling
+        return super().constraints() + ([("tool_choice", calling.grammar)] if calling else [])
 
     def unsupported(self) -> list[tuple[str, bool]]:
         mine = [
-            ("tools", bool(self.tools)),
-            ("tool_choice", self.tool_choice not in (None, "none")),
             ("functions", self.functions is not None),
             ("function_call", self.function_call is not None),
         ]

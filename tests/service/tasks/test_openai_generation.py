@@ -287,7 +287,7 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
         ({"messages": None}, 400, "messages: Field required", "messages"),
         ({"messages": []}, 400, "messages: List should have at least 1 item", "messages"),
         (
-            {"messages": [{"role": "tool", "content": "42"}]},
+            {"messages": [{"role": "function", "content": "42"}]},
             400,
             "messages.0.role: Input should be",
             "messages.0.role",
@@ -295,8 +295,8 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
         (
             {"messages": [{"role": "user"}]},
             400,
-            "messages.0.content: Field required",
-            "messages.0.content",
+            "messages.0: content is required",
+            "messages.0",
         ),
         (
             {"messages": [{"role": "user", "content": 7}]},
@@ -311,13 +311,19 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
             "messages.0.content",
         ),
         (
-            {"messages": [{"role": "assistant", "content": "", "tool_calls": []}]},
+            {"messages": [{"role": "assistant", "content": "", "audio": {"id": "a"}}]},
             400,
-            "messages.0.tool_calls: Extra inputs are not permitted",
-            "messages.0.tool_calls",
+            "messages.0.audio: Extra inputs are not permitted",
+            "messages.0.audio",
         ),
         ({"n": 17}, 400, "n: Input should be less than or equal to 16", "n"),
-        ({"tools": [{"type": "function"}]}, 400, "not supported by this server: tools", None),
+        ({"tools": [{"type": "function"}]}, 400, "tools.0.function: Field required", "tools.0.function"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            400,
+            'tool_choice "auto" (the default with tools) needs a parser',
+            "tool_choice",
+        ),
         ({"presence_penalty": 2.5}, 400, "presence_penalty: Input should be less than", "presence_penalty"),
         (
             {

@@ -1,0 +1,185 @@
+"""Tool calling on /v1/chat/completions through the official client: `tool_choice` "required" and a named
+function give calls of the offered tools whose arguments fit their schemas, whole and streamed; "auto" and
+other mistakes are clear 400s; a conversation that carries earlier calls and their results renders."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.live_server import LiveServer, live_server
+from tests.tiny_models import build_tiny_llama
+
+CHAT = "chat"
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "days": {"enum": [1, 2, 3]},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ARGUMENTS = {"get_weather": ({"city", "days"}, {"Paris", "Rome"}), "get_time": ({"zone"}, {"UTC", "CET"})}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    from export.pipeline import export_model
+
+    root = tmp_path_factory.mktemp("tools")
+    model_dir = build_tiny_llama(root / "hf", positions=1024)  # a call is ~60 byte-level tokens
+    assert export_model(model_dir, "text-generation", CHAT, root / "repo", ("fp32",)).version_dir is not None
+    with live_server(root / "repo") as s:
+        yield s
+
+
+def client(server: LiveServer) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def fits(name: str, arguments: str) -> bool:
+    keys, values = ARGUMENTS[name]
+    parsed = json.loads(arguments)
+    return set(parsed) == keys and any(v in values for v in parsed.values())
+
+
+def test_required_calls_offered_tools_with_fitting_arguments(server: LiveServer) -> None:
+    answer = client(server).chat.completions.create(
+        model=CHAT,
+        messages=MESSAGES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=200,
+        temperature=0,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls and all(c.type == "function" and c.id.startswith("call_") for c in calls)
+    assert all(fits(c.function.name, c.function.arguments) for c in calls)
+
+
+def test_a_named_function_is_the_one_called(server: LiveServer) -> None:
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for temperature, seed in ((0, None), (1.3, 5)):
+        answer = client(server).chat.completions.create(
+            model=CHAT,
+            messages=MESSAGES,
+            tools=[WEATHER, TIME],
+            tool_choice=named,
+            max_tokens=100,
+            temperature=temperature,
+            seed=seed,
+        )
+        (call,) = answer.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and fits("get_time", call.function.arguments)
+        assert answer.choices[0].finish_reason == "stop"  # as OpenAI answers a named call
+
+
+def test_streamed_calls_equal_the_whole_answers(server: LiveServer) -> None:
+    asked = {
+        "model": CHAT,
+        "messages": MESSAGES,
+        "tools": [WEATHER, TIME],
+        "max_tokens": 200,
+        "temperature": 0,
+    }
+    whole = client(server).chat.completions.create(**asked, tool_choice="required")
+    chunks = list(client(server).chat.completions.create(**asked, tool_choice="required", stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    streamed = [(d.function.name, d.function.arguments) for d in deltas]
+    assert streamed == [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
+    assert finish == ["tool_calls"] and [d.index for d in deltas] == list(range(len(deltas)))
+
+
+def test_a_conversation_with_earlier_calls_and_their_results_renders(server: LiveServer) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages = [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+    ]
+    answer = client(server).chat.completions.create(
+        model=CHAT, messages=messages, max_tokens=4, temperature=0
+    )
+    assert answer.choices[0].message.content is not None  # a text answer: no tool_choice
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "param"),
+    [
+        ({"tools": [WEATHER]}, 'tool_choice "auto" (the default with tools) needs a parser', "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "auto"}, "needs a parser of the model's own", "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice needs tools", "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "no tool named 'nope' among the tools",
+            "tool_choice",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "one constraint on the answer at most, not response_format, tool_choice",
+            None,
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "required"},
+            "pattern",
+            None,
+        ),
+        ({"messages": [{"role": "assistant"}]}, "content is required", "messages.0"),
+    ],
+)
+def test_tool_mistakes_are_clear_400s(
+    server: LiveServer, change: dict[str, Any], message: str, param: str | None
+) -> None:
+    body = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4, **change}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert message in error["message"], error
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_tool_calls_fit_across_seeds(server: LiveServer) -> None:
+    for seed in range(4):
+        answer = client(server).chat.completions.create(
+            model=CHAT,
+            messages=MESSAGES,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            max_tokens=300,
+            temperature=1.2,
+            seed=seed,
+        )
+        calls = answer.choices[0].message.tool_calls
+        assert answer.choices[0].finish_reason == "tool_calls" and calls
+        assert all(fits(c.function.name, c.function.arguments) for c in calls)
