@@ -12,7 +12,8 @@ What one user does, by task weight (out of 100):
 - 14 fill-mask: one short or medium text with a word masked (10) or a list of 2-4 (4);
 - 18 generation: a short prompt, 8-64 new tokens, greedy or sampled, whole (8) or streamed as
   Server-Sent Events (10);
-- 6 OpenAI completions (/v1/completions), the same prompts, whole (3) or streamed (3);
+- 6 OpenAI completions (/v1/completions), the same prompts, whole (2), streamed (2) or constrained (2) to
+  a choice of labels or a regex (vLLM's structured_outputs: the answer is checked against it);
 - 8 Open Inference Protocol (/v2/models/NAME/infer, JSON): one to four texts for a task's model, picked
   at random among those served;
 - 8 deliberate bad requests (empty or wrongly typed inputs, unknown fields, no mask, an unknown model,
@@ -36,6 +37,7 @@ import csv
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -234,14 +236,27 @@ class ServiceUser(HttpUser):
         body = {**self.generation_body(), "stream": True}
         self.stream("/v1/generate", body, lambda event: "token" in event, final="finish_reason")
 
-    @task(3)
+    @task(2)
     def completion(self) -> None:
         self.post("/v1/completions", self.completion_body(), "/v1/completions", valid=has_choices)
 
-    @task(3)
+    @task(2)
     def completion_stream(self) -> None:
         body = {**self.completion_body(), "stream": True}
         self.stream("/v1/completions", body, lambda event: bool(event["choices"]), final="[DONE]")
+
+    @task(2)
+    def completion_constrained(self) -> None:
+        constraint, accepts = self.rng.choice(CONSTRAINTS)
+        body = self.completion_body() | {"max_tokens": 24, "structured_outputs": constraint}
+        self.post(
+            "/v1/completions",
+            body,
+            "/v1/completions [constrained]",
+            valid=lambda out: (
+                out["choices"][0]["finish_reason"] == "length" or accepts(out["choices"][0]["text"])
+            ),
+        )
 
     @task(8)
     def v2_infer(self) -> None:
@@ -272,6 +287,13 @@ class ServiceUser(HttpUser):
     def bad_request(self) -> None:
         path, body, expect = self.rng.choice(BAD_REQUESTS)
         self.post(path, body, f"{path} [bad -> {expect}]", expect=expect)
+
+
+LABELS = ["positive", "negative", "mixed"]
+CONSTRAINTS: list[tuple[dict[str, Any], Callable[[str], bool]]] = [
+    ({"choice": LABELS}, lambda text: text in LABELS),
+    ({"regex": "[1-5] stars?"}, lambda text: re.fullmatch("[1-5] stars?", text) is not None),
+]
 
 
 def judge(valid: Callable[[Any], bool], r: ResponseContextManager) -> bool:
