@@ -7,7 +7,8 @@
 `--data` is a TSV with a header, a `sentence` and a `label` column (0, 1, ...: an index into `--labels`), as
 SST-2's test file. Each sentence is asked once each way, `--streams` clients at once, greedy: "Is the
 sentiment of this review negative or positive? Answer with one word." The free answer counts as a label
-when its first word is one (case and punctuation aside). Writes OUT/choice-classifier-MODEL.{md,json}.
+when its first word is one (case and punctuation aside), and, read leniently, when exactly one label is among
+its words. Writes OUT/choice-classifier-MODEL.{md,json}.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def label_of(answer: str, labels: list[str]) -> str | None:
     return words[0] if words and words[0] in labels else None
 
 
+def label_in(answer: str, labels: list[str]) -> str | None:
+    """Read leniently: the one label the answer's words hold anywhere (None: none, or several)."""
+    found = set(re.findall(r"[a-z]+", answer.lower())) & set(labels)
+    return found.pop() if len(found) == 1 else None
+
+
 async def ask_all(
     base: str, model: str, rows: list[tuple[str, int]], labels: list[str], guided: bool, streams: int
 ) -> list[str]:
@@ -75,11 +82,14 @@ async def ask_all(
 
 def scored(answers: list[str], rows: list[tuple[str, int]], labels: list[str]) -> dict[str, Any]:
     named = [label_of(a, labels) for a in answers]
+    anywhere = [label_in(a, labels) for a in answers]
     truth = [labels[label] for _, label in rows]
     return {
         "labels_given": sum(n is not None for n in named) / len(rows),
         "accuracy": sum(n == t for n, t in zip(named, truth, strict=True)) / len(rows),
         "predicted": {label: named.count(label) for label in labels},
+        "labels_anywhere": sum(n is not None for n in anywhere) / len(rows),
+        "accuracy_anywhere": sum(n == t for n, t in zip(anywhere, truth, strict=True)) / len(rows),
     }
 
 
@@ -117,12 +127,13 @@ def main(
         "",
         f"`{command}` ({len(rows)} rows)",
         "",
-        "| answer | answers that are a label | accuracy | predicted, by label |",
-        "|---|---|---|---|",
+        "| answer | answers that are a label | accuracy | predicted, by label | read leniently: a label "
+        "| accuracy |",
+        "|---|---|---|---|---|---|",
         *(
             f"| {way} | {r['labels_given']:.1%} | {r['accuracy']:.4f} | "
             + ", ".join(f"{k} {v}" for k, v in r["predicted"].items())
-            + " |"
+            + f" | {r['labels_anywhere']:.1%} | {r['accuracy_anywhere']:.4f} |"
             for way, r in results.items()
         ),
         "",

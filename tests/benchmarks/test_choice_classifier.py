@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.choice_classifier import app, label_of
+from benchmarks.choice_classifier import app, label_in, label_of
 from tests.tiny_models import build_tiny_llama
 
 
@@ -39,3 +39,5 @@ def test_label_of_reads_the_first_word() -> None:
     assert label_of(" Positive.", ["negative", "positive"]) == "positive"
     assert label_of("It is negative", ["negative", "positive"]) is None
     assert label_of("", ["negative", "positive"]) is None
+    assert label_in("The sentiment is positive.", ["negative", "positive"]) == "positive"
+    assert label_in("positive or negative", ["negative", "positive"]) is None
