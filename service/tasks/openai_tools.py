@@ -57,9 +57,9 @@ class ToolCalling:
         limit: it is then sent as text)."""
         try:
             value = json.loads(text)
-        except ValueError:
+            pairs = [(self.named, value)] if self.named else [(c["name"], c["parameters"]) for c in value]
+        except (ValueError, KeyError, TypeError):  # not whole, or (a grammar cut short) not of that shape
             return None
-        pairs = [(self.named, value)] if self.named else [(c["name"], c["parameters"]) for c in value]
         return [
             {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -96,7 +96,8 @@ def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | Non
         return ToolCalling(constraint_grammar("json", schema))
     if choice == "auto":
         return tool_calling(tools, None)  # the same refusal, by name
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise ValueError('expected "none", "required" or {"type": "function", "function": {"name": ...}}')
     if name not in by_name:

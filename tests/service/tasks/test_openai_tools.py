@@ -142,6 +142,11 @@ def test_a_conversation_with_earlier_calls_and_their_results_renders(server: Liv
         ({"tools": [WEATHER], "tool_choice": "auto"}, "needs a parser of the model's own", "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice needs tools", "tool_choice"),
         (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}},
+            'expected "none", "required" or {"type": "function"',
+            "tool_choice",
+        ),
+        (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
             "no tool named 'nope' among the tools",
             "tool_choice",
@@ -169,3 +174,13 @@ def test_tool_mistakes_are_clear_400s(
     assert message in error["message"], error
     if param is not None:
         assert error["param"] == param
+
+
+def test_text_that_is_not_whole_calls_stays_text() -> None:
+    from service.tasks.openai_tools import ToolCalling
+
+    required = ToolCalling(grammar="")
+    assert required.calls('[{"name": "f", "parameters": {}}]') is not None
+    for text in ('[{"name": "f", "param', '{"name": "f"}', "[1]"):
+        assert required.calls(text) is None
+    assert ToolCalling(grammar="", named="f").calls('{"a": 1}') is not None
