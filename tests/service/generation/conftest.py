@@ -1,14 +1,18 @@
-"""Fixtures of the generation tests: a tiny teacher/student pair exported as the service serves them."""
+"""Fixtures of the generation tests: a tiny teacher/student pair exported as the service serves them, and an
+app serving the tiny language model alone (`client`)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
+from service.app import create_app
 from service.engine import Engine, OrtEngine
 from service.manifest import GenerationLayout
 from service.repository import read_version, scan_repository
@@ -54,3 +58,18 @@ def loaded(lm_pair: Path) -> Loaded:
         assert version.manifest.generation is not None
         out[name] = (ort_engine_factory(version, "fp32", Settings()), version.manifest.generation)
     return out
+
+
+@pytest.fixture(scope="module")
+def lm_repository(tmp_path_factory: pytest.TempPathFactory, tiny_repository: Path) -> Path:
+    """The tiny repository's language model alone: the apps here need nothing else."""
+    repository = tmp_path_factory.mktemp("lm-only")
+    name = TASK_MODEL_NAMES["text-generation"]
+    shutil.copytree(tiny_repository / name, repository / name)
+    return repository
+
+
+@pytest.fixture(scope="module")
+def client(lm_repository: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(model_repository=lm_repository))) as c:
+        yield c

@@ -98,3 +98,16 @@ class CallLog:
         self.widths.append(int(feeds["input_ids"].shape[1]))
         self.picked.append(feeds.get(LOGIT_POSITIONS))
         return self.engine.run(feeds)
+
+
+def error(r: Any) -> str:
+    """The refusal's message, from either shape: ours (422, "validation"), or OpenAI's on /v1/completions
+    (400, "invalid_request_error", as OpenAI and vLLM answer)."""
+    body = r.json()
+    if isinstance(body["error"], dict):
+        assert r.status_code == 400, r.text
+        assert body["error"]["type"] == "invalid_request_error", body
+        return str(body["error"]["message"])
+    assert r.status_code == 422, r.text
+    assert body["error_type"] == "validation", body
+    return str(body["error"])
