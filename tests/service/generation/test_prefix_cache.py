@@ -4,7 +4,6 @@ end, with the keys, values, first tokens and greedy text of running them whole."
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
@@ -170,15 +169,9 @@ def test_a_teacher_and_its_draft_each_with_a_prefix_cache_keep_the_teachers_gree
     assert len(teacher.prefixes) >= 2 and len(draft.prefixes) >= 2  # both models' blocks kept
 
 
-@pytest.fixture(scope="module")
-def lm_only(tmp_path_factory: pytest.TempPathFactory, tiny_repository: Path) -> Path:
-    repository = tmp_path_factory.mktemp("lm-prefix")
-    name = TASK_MODEL_NAMES["text-generation"]
-    shutil.copytree(tiny_repository / name, repository / name)
-    return repository
-
-
-def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cache(lm_only: Path) -> None:
+def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cache(
+    lm_repository: Path,
+) -> None:
     model = TASK_MODEL_NAMES["text-generation"]
     preamble = "Acme was founded by John Smith in 1950 in the city of Springfield. " * 2
     prompts = [preamble + "Who founded Acme?", preamble + "When was Acme founded?"]
@@ -191,8 +184,8 @@ def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cac
             out = [r.json()["generated_text"] for r in replies]
             return out, client.get("/metrics").text
 
-    cached, metrics = texts(Settings(model_repository=lm_only))
-    plain, plain_metrics = texts(Settings(model_repository=lm_only, gen_prefix_cache_mb=0))
+    cached, metrics = texts(Settings(model_repository=lm_repository))
+    plain, plain_metrics = texts(Settings(model_repository=lm_repository, gen_prefix_cache_mb=0))
     assert cached == plain
     prompt_tokens = metric_value(metrics, "distilserve_prompt_tokens_total", model=model)
     assert prompt_tokens >= 2 * 20 and prompt_tokens == metric_value(
@@ -204,7 +197,7 @@ def test_served_prompts_that_begin_alike_are_counted_and_answer_as_without_a_cac
     assert metric_value(plain_metrics, "distilserve_prefix_cache_bytes") == 0
 
 
-def test_openai_usage_says_how_many_prompt_tokens_were_cached(lm_only: Path) -> None:
+def test_openai_usage_says_how_many_prompt_tokens_were_cached(lm_repository: Path) -> None:
     """`usage.prompt_tokens_details.cached_tokens`, as OpenAI reports it: none the first time a prompt is
     seen, its whole cached blocks after (whole and streamed answers alike), from the engine core through a
     frontend (`python -m service`)."""
@@ -212,7 +205,7 @@ def test_openai_usage_says_how_many_prompt_tokens_were_cached(lm_only: Path) -> 
     prompt = "Acme was founded by John Smith in 1950 in the city of Springfield. " * 2
     body = {"model": model, "prompt": prompt, "max_tokens": 3, "temperature": 0}
     streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
-    with live_server(lm_only) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
+    with live_server(lm_repository) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
         first, again = (client.post("/v1/completions", json=body).json()["usage"] for _ in range(2))
         with client.stream("POST", "/v1/completions", json=streamed) as r:
             events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: {")]
