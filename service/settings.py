@@ -164,6 +164,13 @@ class Settings(BaseSettings):
         "8-bit, the output head too: used only to draft, on a CPU) and else the variant it serves; served: "
         "always the variant it serves.",
     )
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "off"] = Field(
+        "auto",
+        description='How a chat answer to tool_choice "auto" (the default with tools) is read into tool '
+        "calls: hermes, <tool_call> blocks (Hermes, Qwen, SmolLM2); llama3_json, the answer a JSON "
+        '{"name", "parameters"} (Llama 3.1+); auto, llama3_json for a chat template that speaks of '
+        '<|python_tag|>, else hermes; off: "auto" is refused.',
+    )
     shadow_rate: float = Field(
         0.0,
         ge=0.0,

@@ -73,6 +73,16 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+PROBE = "distilserve_probe_function"
+PROBE_USER = {"role": "user", "content": "Hello"}
+PROBE_TOOL = {"type": "function", "function": {"name": PROBE, "parameters": {"type": "object"}}}
+PROBE_CALLED = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": PROBE, "arguments": "{}"}}],
+}
+
+
 class ChatTemplate:
     """One model's compiled template; `render` is safe to call from any request (the template is
     immutable and sandboxed: it can neither change the messages nor reach Python internals)."""
@@ -80,6 +90,18 @@ class ChatTemplate:
     def __init__(self, spec: ChatTemplateSpec) -> None:
         self._template = _environment().from_string(spec.template)  # jinja2.TemplateSyntaxError if bad
         self._tokens = {"bos_token": spec.bos_token, "eos_token": spec.eos_token}
+        self.renders_tools = self._shows(PROBE, [PROBE_USER], [PROBE_TOOL])
+        self.renders_tool_calls = self._shows(PROBE, [PROBE_USER, PROBE_CALLED, PROBE_USER])
+
+    def _shows(
+        self, name: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> bool:
+        """Whether the template writes `name` (a probe tool's) into the prompt: whether it renders tools,
+        or earlier calls (service.tasks.openai_tools writes them for templates that do not)."""
+        try:
+            return name in self.render(messages, tools)
+        except ChatTemplateError:
+            return False
 
     def render(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt, ending with the template's opening of the assistant's turn; `tools` (OpenAI's) for

@@ -38,7 +38,7 @@ from service.tasks.generation_base import (
 from service.tasks.generation_shadow import shadow_hook
 from service.tasks.openai_logprobs import LogprobWriter
 from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
-from service.tasks.openai_tools import ToolCalling
+from service.tasks.openai_tools import NO_PARSER, ToolCalling, conversation, openai_calls, tool_format
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -142,37 +142,49 @@ CHAT = Shape(
 
 
 def tool_shape(calling: ToolCalling) -> Shape:
-    """Chat, the answer's text turned into `message.tool_calls` (as text where it is not whole: cut at the
-    token limit). Streamed, the calls go whole in one delta once the answer is complete."""
+    """Chat, the answer read as `message.tool_calls` and the text around them (all text where it holds
+    no whole calls, or was cut at the token limit)."""
 
     def choice(text: str, finish: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        calls = calling.calls(text) if finish != "length" else None
-        if calls is None:
+        parsed = calling.read(text) if finish != "length" else None
+        if parsed is None or not parsed.calls:
             return CHAT.choice(text, finish, logprobs)
-        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        message = {"role": "assistant", "content": parsed.content, "tool_calls": openai_calls(parsed.calls)}
         return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": calling.finish}
 
     return dataclasses.replace(CHAT, choice=choice, calling=calling)
 
 
 def _tool_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
-    """Nothing until the answer is complete; then its calls in one delta and the finish reason."""
+    """Text as it comes, but for what may begin a call (under a grammar: all of it); once the answer is
+    complete, the text still held and the calls, in one delta each, and the finish reason."""
     if choice.logprobs is not None:
         choice.logprobs.add(event)
-    choice.held.append(event.text)
+    choice.text += event.text
+    chunks: list[dict[str, Any]] = []
     if event.finish_reason is None:
-        return []
-    text = "".join(choice.held)
-    whole = tool_shape(calling).choice(text, _finish(event.finish_reason) or "stop", _take(choice.logprobs))
-    message = whole["message"]
-    if message.get("tool_calls") is None:
-        delta: dict[str, Any] = {"content": message["content"]}
-    else:
-        delta = {"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
-    return [
-        {"index": 0, "delta": delta, "logprobs": whole["logprobs"], "finish_reason": None},
-        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": whole["finish_reason"]},
-    ]
+        ready = calling.held(choice.text)
+        if ready > choice.sent:
+            delta = {"content": choice.text[choice.sent : ready]}
+            chunks.append(
+                {"index": 0, "delta": delta, "logprobs": _take(choice.logprobs), "finish_reason": None}
+            )
+            choice.sent = ready
+        return chunks
+    whole = tool_shape(calling).choice(choice.text, _finish(event.finish_reason) or "stop", None)
+    message, logprobs = whole["message"], _take(choice.logprobs)
+    rest = (message["content"] or "")[choice.sent :]
+    if rest:
+        chunks.append({"index": 0, "delta": {"content": rest}, "logprobs": logprobs, "finish_reason": None})
+        logprobs = None
+    if message.get("tool_calls"):
+        calls = [c | {"index": i} for i, c in enumerate(message["tool_calls"])]
+        chunks.append(
+            {"index": 0, "delta": {"tool_calls": calls}, "logprobs": logprobs, "finish_reason": None}
+        )
+        logprobs = None
+    finish = {"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": whole["finish_reason"]}
+    return [*chunks, finish]
 
 
 @dataclass
@@ -188,7 +200,8 @@ class Choice:
     # `max_tokens: 0` with `echo`: the prompt scored, nothing generated. The engine's prefill still chooses a
     # token (it is one engine call either way); the answer leaves it out.
     scores_only: bool = False
-    held: list[str] = dataclasses.field(default_factory=list)  # a streamed tool call's text until it is whole
+    text: str = ""  # a streamed tool-calling answer's text so far (service.tasks.openai_tools)
+    sent: int = 0  # how much of it went out as content
 
     def seen(self, event: TokenEvent) -> TokenEvent:
         """The event as this choice's client sees it (a scores-only choice's token is none of its)."""
@@ -329,11 +342,17 @@ async def handle_chat_completions(body: ChatCompletionRequest, x: Exchange, c: C
             param="model",
         )
     calling = body.calling
+    template = model.manifest.chat.template if model.manifest.chat else None
+    written = tool_format(c.settings.tool_call_parser, template)
+    if calling is not None and calling.grammar is None:
+        if written is None:
+            raise InvalidInputError(NO_PARSER, param="tool_choice")
+        calling = dataclasses.replace(calling, format=written)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools and calling else None
     try:
         # an assistant's tool calls without text: "" for templates that read every message's content
         messages = [{"content": "", **m.model_dump(exclude_none=True)} for m in body.messages]
-        prompt = model.chat.render(messages, tools)
+        prompt = model.chat.render(conversation(messages, tools, calling, model.chat, written), tools)
     except ChatTemplateError as e:
         raise InvalidInputError(
             f"the model's chat template refused the messages: {e}", param="messages"

@@ -360,9 +360,9 @@ class ChatCompletionRequest(OpenAIRequest):
     )
     tool_choice: Any = Field(
         None,
-        validate_default=True,  # tools without a tool_choice are refused with it named
-        description='"none", "required" (one call or more) or {"type": "function", "function": {"name": '
-        '...}}; "auto" (the default with tools) needs a tool-call parser this server does not have.',
+        description='"auto" (the default with tools: the model decides, its answer read in its own '
+        'tool-call format), "none", "required" (one call or more) or {"type": "function", "function": '
+        '{"name": ...}}.',
     )
     functions: list[Any] | None = Field(None, description="Not supported: must be null (see tools).")
     function_call: Any = Field(None, description="Not supported: must be null (see tool_choice).")
@@ -380,7 +380,8 @@ class ChatCompletionRequest(OpenAIRequest):
 
     def constraints(self) -> list[tuple[str, str]]:
         calling = self.calling
-        return super().constraints() + ([("tool_choice", calling.grammar)] if calling else [])
+        grammar = calling.grammar if calling else None  # "auto" reads a free answer
+        return super().constraints() + ([("tool_choice", grammar)] if grammar is not None else [])
 
     def unsupported(self) -> list[tuple[str, bool]]:
         mine = [

@@ -1,18 +1,23 @@
-"""OpenAI's tool calling on /v1/chat/completions, where the caller says a tool must be called: `tool_choice`
-`"required"` (one call or more, of any of the `tools`) or `{"type": "function", "function": {"name": ...}}`
-(that function). Either is a grammar on the answer (service.generation.grammar), as vLLM builds it: required,
-a JSON array of `{"name": <a tool's>, "parameters": <its schema>}`; named, the function's parameters alone.
-So every call names a tool the request offered and its arguments fit that tool's schema, whatever the model;
-the answer's `message.tool_calls` carry them (finish reason `tool_calls`; a named call's `stop`, as OpenAI).
+"""OpenAI's tool calling on /v1/chat/completions. Where the caller says a tool must be called (`tool_choice`
+`"required"`: one call or more, of any of the `tools`; or `{"type": "function", "function": {"name": ...}}`:
+that function), the answer follows a grammar (service.generation.grammar), as vLLM builds it: required, a
+JSON array of `{"name": <a tool's>, "parameters": <its schema>}`; named, the function's parameters alone. So
+every call names a tool the request offered and its arguments fit that tool's schema, whatever the model.
 
-`"auto"` (the model decides whether to call) needs a parser of the model's own tool-call format (Hermes,
-Llama 3, Mistral, ...), which no exported model here has: it is refused by name, as vLLM refuses it without
-`--tool-call-parser`. `"none"` answers in text. The tools go to the chat template as `tools`, for templates
-that render them.
+`"auto"` (OpenAI's default with tools: the model decides) generates freely and reads the answer in the
+model's own tool-call format (service.tasks.tool_formats: Hermes' `<tool_call>` blocks, or Llama 3's JSON),
+chosen from its chat template or by `DISTILSERVE_TOOL_CALL_PARSER`; calls of tools the request did not
+offer, or not whole, stay text. `"none"` answers in text. The tools go to the chat template as `tools`; a
+template that does not render them gets them in a system message, in the format the answer is read in, and
+a conversation's earlier calls and their results written as the model would have seen them.
+
+Either way the answer's `message.tool_calls` carry the calls (finish reason `tool_calls`; a named call's
+`stop`, as OpenAI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -21,6 +26,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.generation.grammar import constraint_grammar
+from service.tasks.chat_template import ChatTemplate
+from service.tasks.tool_formats import FORMATS, Parsed, ToolCallFormat, format_for
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}  # a function that declares no parameters
 
@@ -43,45 +50,66 @@ class ToolSpec(BaseModel):
 
 @dataclass(frozen=True)
 class ToolCalling:
-    """How a request's answer becomes tool calls: which tool, if one is named, and the grammar it follows."""
+    """How a request's answer becomes tool calls: the grammar it follows (None: "auto", read in `format`),
+    the tool named if one is, and the names offered."""
 
-    grammar: str
+    grammar: str | None
     named: str | None = None
+    names: frozenset[str] = frozenset()
+    format: ToolCallFormat | None = None  # "auto": how the serving model writes calls (set per model)
 
     @property
     def finish(self) -> str:
         return "stop" if self.named else "tool_calls"
 
-    def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The answer's tool calls in OpenAI's shape; None where the text is not whole (cut at the token
-        limit: it is then sent as text)."""
+    def read(self, text: str) -> Parsed:
+        """The answer as calls and the text around them; no calls where the text is not whole calls (a
+        grammar cut at the token limit) or names a tool not offered."""
+        if self.grammar is None:
+            assert self.format is not None, "an auto tool calling is given its format before it reads"
+            parsed = self.format.parse(text)
+            return parsed if all(name in self.names for name, _ in parsed.calls) else Parsed(text, [])
         try:
             value = json.loads(text)
             pairs = [(self.named, value)] if self.named else [(c["name"], c["parameters"]) for c in value]
         except (ValueError, KeyError, TypeError):  # not whole, or (a grammar cut short) not of that shape
-            return None
-        return [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
-            for name, arguments in pairs
-        ]
+            return Parsed(text, [])
+        return Parsed(None, pairs)
+
+    def held(self, text: str) -> int:
+        """How much of a streamed answer may go out as content before it is complete: under a grammar none
+        (it is all one call), else what cannot be the beginning of one."""
+        return 0 if self.format is None else self.format.held(text)
+
+
+def openai_calls(calls: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Calls in OpenAI's shape, each with an id of its own."""
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        }
+        for name, arguments in calls
+    ]
+
+
+NO_PARSER = (
+    'tool_choice "auto" (the default with tools) reads the model\'s own tool-call format, and '
+    'DISTILSERVE_TOOL_CALL_PARSER is off: give "required", or name a function'
+)
 
 
 def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | None:
     """The request's tool calling (None: a text answer); ValueError saying what cannot be done."""
-    if not tools or choice is None or choice == "none":
-        if choice not in (None, "none") and not tools:
-            raise ValueError("tool_choice needs tools")
-        if tools and choice is None:
-            raise ValueError(
-                'tool_choice "auto" (the default with tools) needs a parser of the model\'s own tool-call '
-                'format, which this server does not have: give "required", or name a function'
-            )
+    if choice not in (None, "none") and not tools:
+        raise ValueError("tool_choice needs tools")
+    if not tools or choice == "none":
         return None
     by_name = {t.function.name: t.function for t in tools}
+    names = frozenset(by_name)
+    if choice is None or choice == "auto":
+        return ToolCalling(None, names=names)
     if choice == "required":
         options = [
             {
@@ -93,13 +121,65 @@ def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | Non
             for name, f in by_name.items()
         ]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
-        return ToolCalling(constraint_grammar("json", schema))
-    if choice == "auto":
-        return tool_calling(tools, None)  # the same refusal, by name
+        return ToolCalling(constraint_grammar("json", schema), names=names)
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-        raise ValueError('expected "none", "required" or {"type": "function", "function": {"name": ...}}')
+        raise ValueError(
+            'expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        )
     if name not in by_name:
         raise ValueError(f"no tool named {name!r} among the tools")
-    return ToolCalling(constraint_grammar("json", by_name[name].parameters or ANY_ARGUMENTS), named=name)
+    grammar = constraint_grammar("json", by_name[name].parameters or ANY_ARGUMENTS)
+    return ToolCalling(grammar, named=name, names=names)
+
+
+def tool_format(setting: str, template: str | None) -> ToolCallFormat | None:
+    """The format a model's tool calls are read and written in: the setting's, or (auto) its template's;
+    None where the setting is off."""
+    if setting == "off":
+        return None
+    return format_for(template) if setting == "auto" else FORMATS[setting]  # type: ignore[index]
+
+
+def _arguments(call: dict[str, Any]) -> tuple[str, Any]:
+    function = call.get("function") or {}
+    arguments = function.get("arguments", "{}")
+    with contextlib.suppress(ValueError):  # not JSON: written as given
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+    return str(function.get("name", "")), arguments
+
+
+def conversation(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    calling: ToolCalling | None,
+    chat: ChatTemplate,
+    written: ToolCallFormat | None,
+) -> list[dict[str, Any]]:
+    """The messages the chat template is given. Where it does not render tools, an "auto" request's tools
+    are offered in a system message (after the caller's own, if any) in the format `written`; where it does
+    not render earlier calls, they are written into the assistant's text, and the tools' results into user
+    messages, as that format has them."""
+    if written is None:
+        return messages
+    out = list(messages)
+    if not chat.renders_tool_calls:
+        out = [
+            {
+                **m,
+                "content": (m.get("content") or "") + written.write([_arguments(c) for c in m["tool_calls"]]),
+            }
+            if m.get("tool_calls")
+            else {"role": "user", "content": written.result(m.get("content") or "")}
+            if m["role"] == "tool"
+            else m
+            for m in out
+        ]
+    if tools and calling is not None and calling.grammar is None and not chat.renders_tools:
+        offer = written.instructions(tools)
+        if out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{offer}"}
+        else:
+            out.insert(0, {"role": "system", "content": offer})
+    return out

@@ -318,12 +318,7 @@ GOOD: dict[str, Any] = {"model": CHAT, "messages": MESSAGES, "max_tokens": 4}
         ),
         ({"n": 17}, 400, "n: Input should be less than or equal to 16", "n"),
         ({"tools": [{"type": "function"}]}, 400, "tools.0.function: Field required", "tools.0.function"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f"}}]},
-            400,
-            'tool_choice "auto" (the default with tools) needs a parser',
-            "tool_choice",
-        ),
+        ({"tool_choice": "auto"}, 400, "tool_choice needs tools", "tool_choice"),
         ({"presence_penalty": 2.5}, 400, "presence_penalty: Input should be less than", "presence_penalty"),
         (
             {
@@ -395,3 +390,15 @@ def test_a_chat_stream_that_fails_midway_ends_with_an_openai_error_event(
         and "fell off the bus" in payloads[-1]["error"]["message"]
     )
     assert events[-1] == "[DONE]"
+
+
+def test_auto_tool_calls_are_refused_where_the_parser_is_off(repository: Path) -> None:
+    settings = Settings(model_repository=repository, warmup=False, tool_call_parser="off")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"model": CHAT, "messages": MESSAGES, "max_tokens": 40, "tools": tools}
+    with TestClient(create_app(settings)) as client:
+        refused = client.post("/v1/chat/completions", json=body)
+        required = client.post("/v1/chat/completions", json=body | {"tool_choice": "required"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice"
+    assert "DISTILSERVE_TOOL_CALL_PARSER is off" in refused.json()["error"]["message"]
+    assert required.status_code == 200, required.text  # a grammar needs no parser

@@ -1,10 +1,13 @@
 """Tool calling on /v1/chat/completions through the official client: `tool_choice` "required" and a named
-function give calls of the offered tools whose arguments fit their schemas, whole and streamed; "auto" and
-other mistakes are clear 400s; a conversation that carries earlier calls and their results renders."""
+function give calls of the offered tools whose arguments fit their schemas, whole and streamed; "auto" reads
+the calls the model writes in its own format (here made to write them by a regex), whole and streamed, and
+leaves other text as text; mistakes are clear 400s; a conversation that carries earlier calls and their
+results renders."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,12 +141,11 @@ def test_a_conversation_with_earlier_calls_and_their_results_renders(server: Liv
 @pytest.mark.parametrize(
     ("change", "message", "param"),
     [
-        ({"tools": [WEATHER]}, 'tool_choice "auto" (the default with tools) needs a parser', "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": "auto"}, "needs a parser of the model's own", "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "any"}, 'expected "none", "auto", "required"', "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice needs tools", "tool_choice"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}},
-            'expected "none", "required" or {"type": "function"',
+            'expected "none", "auto", "required" or {"type": "function"',
             "tool_choice",
         ),
         (
@@ -180,7 +182,47 @@ def test_text_that_is_not_whole_calls_stays_text() -> None:
     from service.tasks.openai_tools import ToolCalling
 
     required = ToolCalling(grammar="")
-    assert required.calls('[{"name": "f", "parameters": {}}]') is not None
+    assert required.read('[{"name": "f", "parameters": {}}]').calls == [("f", {})]
     for text in ('[{"name": "f", "param', '{"name": "f"}', "[1]"):
-        assert required.calls(text) is None
-    assert ToolCalling(grammar="", named="f").calls('{"a": 1}') is not None
+        assert required.read(text).calls == [] and required.read(text).content == text
+    assert ToolCalling(grammar="", named="f").read('{"a": 1}').calls == [("f", {"a": 1})]
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}</tool_call>'
+
+
+def written(text: str) -> dict[str, Any]:
+    """Makes the untrained model write `text` (a regex of it as the answer's one constraint)."""
+    return {"structured_outputs": {"regex": re.escape(text)}}
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "finish"),
+    [
+        (CALL, None, "tool_calls"),
+        ("Let me look. " + CALL, "Let me look.", "tool_calls"),
+        ("Rome is sunny.", "Rome is sunny.", "stop"),
+        (CALL.replace("get_weather", "get_news"), CALL.replace("get_weather", "get_news"), "stop"),
+    ],
+)
+def test_auto_reads_the_calls_the_model_writes(
+    server: LiveServer, text: str, content: str | None, finish: str
+) -> None:
+    asked = {"model": CHAT, "messages": MESSAGES, "tools": [WEATHER, TIME], "max_tokens": 300}
+    for tool_choice in ("auto", None):  # "auto" is the default with tools
+        more = {"tool_choice": tool_choice} if tool_choice else {}
+        answer = client(server).chat.completions.create(**asked, **more, extra_body=written(text))
+        message = answer.choices[0].message
+        assert (message.content, answer.choices[0].finish_reason) == (content, finish)
+        if finish == "tool_calls":
+            (call,) = message.tool_calls
+            assert call.function.name == "get_weather" and call.id.startswith("call_")
+            assert json.loads(call.function.arguments) == {"city": "Rome", "days": 3}
+        else:
+            assert message.tool_calls is None
+        chunks = list(client(server).chat.completions.create(**asked, stream=True, extra_body=written(text)))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.content or "" for d in deltas) == (content or "")
+        streamed = [(t.function.name, t.function.arguments) for d in deltas for t in d.tool_calls or []]
+        assert streamed == [(t.function.name, t.function.arguments) for t in message.tool_calls or []]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
