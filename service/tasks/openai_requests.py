@@ -364,6 +364,7 @@ class ChatCompletionRequest(OpenAIRequest):
         'tool-call format), "none", "required" (one call or more) or {"type": "function", "function": '
         '{"name": ...}}.',
     )
+    parallel_tool_calls: bool = Field(True, description="false: one tool call at most.")
     functions: list[Any] | None = Field(None, description="Not supported: must be null (see tools).")
     function_call: Any = Field(None, description="Not supported: must be null (see tool_choice).")
 
@@ -376,7 +377,7 @@ class ChatCompletionRequest(OpenAIRequest):
     @property
     def calling(self) -> ToolCalling | None:
         """How the answer becomes tool calls (None: a text answer)."""
-        return tool_calling(self.tools, self.tool_choice)
+        return tool_calling(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def constraints(self) -> list[tuple[str, str]]:
         calling = self.calling

@@ -57,6 +57,7 @@ class ToolCalling:
     named: str | None = None
     names: frozenset[str] = frozenset()
     format: ToolCallFormat | None = None  # "auto": how the serving model writes calls (set per model)
+    parallel: bool = True  # OpenAI's parallel_tool_calls; false: one call at most
 
     @property
     def finish(self) -> str:
@@ -68,7 +69,9 @@ class ToolCalling:
         if self.grammar is None:
             assert self.format is not None, "an auto tool calling is given its format before it reads"
             parsed = self.format.parse(text)
-            return parsed if all(name in self.names for name, _ in parsed.calls) else Parsed(text, [])
+            if not all(name in self.names for name, _ in parsed.calls):
+                return Parsed(text, [])
+            return parsed if self.parallel else Parsed(parsed.content, parsed.calls[:1])
         try:
             value = json.loads(text)
             pairs = [(self.named, value)] if self.named else [(c["name"], c["parameters"]) for c in value]
@@ -100,8 +103,9 @@ NO_PARSER = (
 )
 
 
-def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | None:
-    """The request's tool calling (None: a text answer); ValueError saying what cannot be done."""
+def tool_calling(tools: list[ToolSpec] | None, choice: Any, parallel: bool = True) -> ToolCalling | None:
+    """The request's tool calling (None: a text answer); ValueError saying what cannot be done. Not
+    `parallel`: one call at most (a grammar of one; "auto", the first the model wrote)."""
     if choice not in (None, "none") and not tools:
         raise ValueError("tool_choice needs tools")
     if not tools or choice == "none":
@@ -109,7 +113,7 @@ def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | Non
     by_name = {t.function.name: t.function for t in tools}
     names = frozenset(by_name)
     if choice is None or choice == "auto":
-        return ToolCalling(None, names=names)
+        return ToolCalling(None, names=names, parallel=parallel)
     if choice == "required":
         options = [
             {
@@ -121,7 +125,9 @@ def tool_calling(tools: list[ToolSpec] | None, choice: Any) -> ToolCalling | Non
             for name, f in by_name.items()
         ]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
-        return ToolCalling(constraint_grammar("json", schema), names=names)
+        if not parallel:
+            schema["maxItems"] = 1
+        return ToolCalling(constraint_grammar("json", schema), names=names, parallel=parallel)
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):

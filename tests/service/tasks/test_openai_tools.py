@@ -226,3 +226,21 @@ def test_auto_reads_the_calls_the_model_writes(
         streamed = [(t.function.name, t.function.arguments) for d in deltas for t in d.tool_calls or []]
         assert streamed == [(t.function.name, t.function.arguments) for t in message.tool_calls or []]
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+
+
+def test_parallel_tool_calls_false_makes_one_call_at_most(server: LiveServer) -> None:
+    asked = {"model": CHAT, "messages": MESSAGES, "tools": [WEATHER, TIME], "parallel_tool_calls": False}
+    for seed in range(4):
+        answer = client(server).chat.completions.create(
+            **asked, tool_choice="required", max_tokens=300, temperature=1.2, seed=seed
+        )
+        (call,) = answer.choices[0].message.tool_calls
+        assert fits(call.function.name, call.function.arguments)
+    two = CALL + CALL.replace("Rome", "Paris")
+    answer = client(server).chat.completions.create(**asked, max_tokens=300, extra_body=written(two))
+    (call,) = answer.choices[0].message.tool_calls  # the first the model wrote
+    assert json.loads(call.function.arguments)["city"] == "Rome"
+    answer = client(server).chat.completions.create(
+        **(asked | {"parallel_tool_calls": True}), max_tokens=300, extra_body=written(two)
+    )
+    assert len(answer.choices[0].message.tool_calls) == 2
