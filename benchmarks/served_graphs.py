@@ -7,16 +7,19 @@ and time to first token at each stream count, on prompts of a chosen length.
     python -m benchmarks.served_graphs --model smollm2-teacher \\
         --repository build/real/smollm2/models-picked --prefix-cache-mb 0,256 --shared-words 300 \\
         --words 20 --texts ../shared/data/wikitext2_raw_valid.txt
+    python -m benchmarks.served_graphs --model smollm2-teacher --repository build/real/smollm2/models \\
+        --variants fp32,int4 --texts ../shared/data/wikitext2_raw_valid.txt --words 20
 
 For a change of graph (an export's) or of a generation setting rather than of the service's code
-(benchmarks.revisions): the same checkout serves each repository at each `--prefix-cache-mb` on a fresh
-server, all of them alternating `--rounds` times (this machine's speed drifts within minutes: only
-side-by-side figures compare). Each streams `--new-tokens` tokens a request (ignore_eos) from each stream
-count's clients back to back for `--seconds`, the prompts `--words`-word openings of `--texts`' paragraphs
-(a prefill's cost grows with its prompt), each after the same `--shared-words`-word preamble where given (a
-document asked many questions, a few-shot prompt: what a prefix cache is for). DISTILSERVE_SPECULATIVE is
-`--speculative` (off: a teacher decodes alone even where its repository pairs it with a student).
-Writes OUT/served-graphs-MODEL-wWORDS[-sharedN].{md,json,png}.
+(benchmarks.revisions): the same checkout serves each repository at each `--prefix-cache-mb` and in each
+of `--variants` (DISTILSERVE_VARIANT) on a fresh server, all of them alternating `--rounds` times (this
+machine's speed drifts within minutes: only side-by-side figures compare). Each streams `--new-tokens`
+tokens a request (ignore_eos) from each stream count's clients back to back for `--seconds`, the prompts
+`--words`-word openings of `--texts`' paragraphs (a prefill's cost grows with its prompt), each after the
+same `--shared-words`-word preamble where given (a document asked many questions, a few-shot prompt: what a
+prefix cache is for). DISTILSERVE_SPECULATIVE is `--speculative` (off: a teacher decodes alone even where
+its repository pairs it with a student).
+Writes OUT/served-graphs-MODEL-wWORDS[-sharedN][-VARIANTS].{md,json,png}.
 """
 
 from __future__ import annotations
@@ -154,13 +157,17 @@ def main(
     new_tokens: Annotated[int, typer.Option(help="Tokens per request (ignore_eos).")] = 32,
     rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds of every repository.")] = 2,
     speculative: Annotated[str, typer.Option(help="DISTILSERVE_SPECULATIVE for every server.")] = "off",
+    variants: Annotated[
+        str, typer.Option(help="Comma list of DISTILSERVE_VARIANT, each repository served in each.")
+    ] = "",
     out: Annotated[Path, typer.Option(help="Directory of the report.")] = Path("docs/bench"),
 ) -> None:
     """Served generation of one model from each repository at each prefix-cache budget, alternating."""
     budgets = counts_of(prefix_cache_mb, "--prefix-cache-mb", 0) or [""]
-    if len(repository) * len(budgets) < 2:
+    served_variants = [v.strip() for v in variants.split(",") if v.strip()] or [""]
+    if len(repository) * len(budgets) * len(served_variants) < 2:
         raise typer.BadParameter(
-            "two or more servers to compare: repositories x budgets", param_hint="--repository"
+            "two or more servers to compare: repositories x budgets x variants", param_hint="--repository"
         )
     missing = [str(r) for r in repository if not (r / model).is_dir()]
     if missing:
@@ -176,9 +183,12 @@ def main(
     servers: dict[str, tuple[Path, dict[str, str]]] = {}
     for path in repository:
         for mb in budgets:
-            env = {"DISTILSERVE_SPECULATIVE": speculative}
-            name = str(path) if len(budgets) == 1 else f"{path}, prefix cache {mb} MB"
-            servers[name] = (path, env | ({"DISTILSERVE_GEN_PREFIX_CACHE_MB": mb} if mb else {}))
+            for variant in served_variants:
+                env = {"DISTILSERVE_SPECULATIVE": speculative}
+                name = str(path) + (f", prefix cache {mb} MB" if len(budgets) > 1 else "")
+                name += f", {variant}" if len(served_variants) > 1 else ""
+                env |= {"DISTILSERVE_GEN_PREFIX_CACHE_MB": mb} if mb else {}
+                servers[name] = (path, env | ({"DISTILSERVE_VARIANT": variant} if variant else {}))
     results: Rounds = []
     with ProgressLog("served graphs", rounds * len(servers), unit="servers", active=True) as progress:
         for _ in range(rounds):
@@ -189,11 +199,13 @@ def main(
                 progress.update(advance=1)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"served-graphs-{model}-w{words}{f'-shared{shared_words}' if shared_words else ''}"
+    stem = stem.with_name(stem.name + ("-" + "-".join(served_variants) if variants else ""))
     command = (
         f"python -m benchmarks.served_graphs --model {model} "
         + " ".join(f"--repository {path}" for path in repository)
         + (f" --prefix-cache-mb {prefix_cache_mb}" if prefix_cache_mb else "")
         + (f" --shared-words {shared_words}" if shared_words else "")
+        + (f" --variants {variants}" if variants else "")
         + f" --texts {texts} --words {words} --streams {streams} --seconds {seconds:g} "
         f"--new-tokens {new_tokens} --rounds {rounds} --speculative {speculative}"
     )

@@ -18,13 +18,10 @@ from common.progress import ProgressLog
 from export.calibration import CASCADE_TASKS
 from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
 from export.repository import served_teacher
-from export.variants import ALL_VARIANTS, DRAFT_HEAD_TOKENS, DRAFT_VARIANTS
+from export.variants import ALL_VARIANTS, DEFAULT_VARIANTS, DRAFT_HEAD_TOKENS, DRAFT_VARIANTS
 from service.manifest import Task, TeacherRef
 
 console = line_console(stderr=True)
-
-
-DEFAULT_VARIANTS = ",".join(ALL_VARIANTS)
 
 
 def _summary(result: ExportResult) -> Table:
@@ -193,9 +190,10 @@ def main(
         typer.Option(
             help=f"Comma list of {', '.join(ALL_VARIANTS)}; each written only if it passes parity. draft: "
             "a generation student's, exported with its teacher (--teacher-dir): every weight 8-bit, used "
-            "only to draft for the teacher on a CPU."
+            "only to draft for the teacher on a CPU. int4 (not among the defaults): a model that was 4-bit "
+            "at its source (a GGUF import in Q4_1), its weights written back as the 4-bit blocks they were."
         ),
-    ] = DEFAULT_VARIANTS,
+    ] = ",".join(DEFAULT_VARIANTS),
     eval_data: Annotated[
         Path | None,
         typer.Option(
@@ -278,7 +276,11 @@ def main(
     if draft_from is not None and not (draft_from / "config.json").is_file():
         print_error(f"--draft-from {draft_from} is not an HF model directory (no config.json)")
         raise typer.Exit(2)
-    if drafts and variants != DEFAULT_VARIANTS and (task != "text-generation" or teacher_dir is None):
+    if (
+        drafts
+        and variants != ",".join(DEFAULT_VARIANTS)
+        and (task != "text-generation" or teacher_dir is None)
+    ):
         print_warning(
             f"{', '.join(sorted(drafts))} not built: only a text-generation student exported with its "
             "teacher (--teacher-dir) drafts for it"

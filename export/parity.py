@@ -109,6 +109,9 @@ BOUNDS: dict[str, ParityBounds] = {
     "optimized": ParityBounds(max_abs_diff=1e-3, min_top1_agreement=0.999),
     "fp16": ParityBounds(max_abs_diff=None, min_top1_agreement=0.995),
     "int8": ParityBounds(max_abs_diff=None, min_top1_agreement=0.99),
+    # int4 holds the weights a model had at its source (export/source_blocks.py): it computes what fp32
+    # does, to float rounding, and is held to fp32's answers (its numbers sum in another order).
+    "int4": ParityBounds(max_abs_diff=None, min_top1_agreement=0.999, min_greedy_match=1.0),
     # A draft only proposes tokens its teacher checks (export.variants.build_draft): what it must keep is
     # enough of its own model's answers to be worth drafting with, not every one.
     "draft": ParityBounds(max_abs_diff=None, min_top1_agreement=0.85),

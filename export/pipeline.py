@@ -147,7 +147,7 @@ class _Parity:
             self.eval_batches or None,
             BOUNDS[variant].min_cosine if self.spec.cosine else None,
         )
-        if self.layout is not None and variant == "fp32":
+        if self.layout is not None and BOUNDS[variant].min_greedy_match is not None:
             match = greedy_match(session, self.layout, self.model, self.prompts, GREEDY_NEW_TOKENS)
             report = replace(report, greedy_match=match)
         return report, BOUNDS[variant].failures(report, self.require_eval_data)

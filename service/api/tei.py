@@ -18,7 +18,7 @@ from service.settings import frontend_count
 from service.tasks.contract import Collaborators, InvalidInputError
 
 router = APIRouter(tags=["embeddings"])
-DTYPES = {"fp32": "float32", "optimized": "float32", "fp16": "float16", "int8": "int8"}
+DTYPES = {"fp32": "float32", "optimized": "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}
 
 
 def named_model(c: Collaborators, name: str | None) -> ServedModel:

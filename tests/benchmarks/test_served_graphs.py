@@ -72,3 +72,16 @@ def test_one_repository_or_one_without_the_model_is_refused(tiny_repository: Pat
     assert bad.exit_code == 2 and "'0,lots': a comma list of whole numbers from 0" in bad.output
     no_streams = CliRunner().invoke(app, [*one, "--prefix-cache-mb", "0,1", "--streams", "0"])
     assert no_streams.exit_code == 2 and "whole numbers from 1" in no_streams.output
+
+
+def test_a_repository_in_two_variants_is_served_in_turn(tiny_repository: Path, tmp_path: Path) -> None:
+    """`--variants`: each server told its DISTILSERVE_VARIANT (here fp32, and auto: the service's own
+    choice), each named by it in the report."""
+    args = ["--model", MODEL, "--repository", str(tiny_repository), "--variants", "fp32,auto"]
+    args += ["--texts", str(texts_file(tmp_path / "texts.txt")), "--words", "3", "--streams", "1"]
+    args += ["--seconds", "1", "--new-tokens", "4", "--rounds", "1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (measured,) = json.loads((tmp_path / f"served-graphs-{MODEL}-w3-fp32-auto.json").read_text())["rounds"]
+    assert set(measured) == {f"{tiny_repository}, fp32", f"{tiny_repository}, auto"}
+    assert all(m["1"]["errors"] == 0 and m["1"]["requests"] > 0 for m in measured.values())

@@ -343,7 +343,7 @@ def test_the_appending_decoder_builds_every_variant_within_its_gate(
     answers on real text are near ties that int8 may flip: the gate runs on random tokens, as a benchmark's
     would (require_eval_data=False). Exported as a student, it gets the draft variant too."""
     from export.pipeline import PairSpec
-    from export.variants import ALL_VARIANTS
+    from export.variants import DEFAULT_VARIANTS
     from service.manifest import TeacherRef
 
     result = export_model(
@@ -351,15 +351,15 @@ def test_the_appending_decoder_builds_every_variant_within_its_gate(
         "text-generation",
         "lm",
         tmp_path,
-        ALL_VARIANTS,
+        DEFAULT_VARIANTS,
         require_eval_data=False,
         pair=PairSpec(TeacherRef(name="lm-teacher", version=1), tiny_models["text-generation"]),
     )
-    assert {r.variant: r.problems for r in result.variants} == {v: [] for v in ALL_VARIANTS}
+    assert {r.variant: r.problems for r in result.variants} == {v: [] for v in DEFAULT_VARIANTS}
     assert result.version_dir is not None
     m = read_version(result.version_dir).manifest
     assert m.generation is not None and m.generation.present_positions == "new"
-    assert set(m.variants) == set(ALL_VARIANTS)
+    assert set(m.variants) == set(DEFAULT_VARIANTS)
     assert m.variants["int8"].parity["eval_rows"] == 0  # the manifest says what it was checked on
     assert m.variants["fp32"].parity["greedy_match"] == 1.0
 

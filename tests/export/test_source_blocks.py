@@ -1,0 +1,154 @@
+"""The int4 variant: a model whose weights were 4-bit at their source (GGUF's Q4_1, as `training import`
+dequantizes it) gets them back as the 4-bit blocks they were, and the graph then computes what the fp32 one
+does: the same logits to float rounding, PyTorch's greedy text with the KV cache, served too. A model that
+was never 4-bit has no int4 variant, and the export says why."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.greedy import greedy_onnx, greedy_torch
+from export.pipeline import export_model
+from export.source_blocks import BLOCK, on_grid
+from service.engine import OrtEngine
+from service.generation.sampling import SamplingParams
+from service.repository import read_version
+from tests.service.generation.helpers import together
+from tests.tiny_models import CORPUS
+
+PROMPTS = ["I loved this", "Acme was founded by John Smith in 1950", "Who"]
+
+
+def q4_1(weight: np.ndarray) -> np.ndarray:
+    """`weight` [out, in] through GGUF's Q4_1 and back, as llama.cpp quantizes (a block's minimum and
+    range / 15 in fp16) and gguf-py dequantizes (`d * q + m` in float32)."""
+    out, inputs = weight.shape
+    blocks = weight.reshape(out, inputs // BLOCK, BLOCK).astype(np.float32)
+    low, high = blocks.min(-1), blocks.max(-1)
+    d = ((high - low) / 15).astype(np.float16).astype(np.float32)
+    m = low.astype(np.float16).astype(np.float32)
+    q = np.clip(np.floor((blocks - low[..., None]) / np.where(d > 0, d, 1)[..., None] + 0.5), 0, 15)
+    return (d[..., None] * q.astype(np.float32) + m[..., None]).reshape(out, inputs).astype(np.float32)
+
+
+def test_a_q4_1_weight_is_recovered_exactly_and_others_are_not_taken_for_one() -> None:
+    rng = np.random.default_rng(0)
+    source = rng.standard_normal((96, 64)).astype(np.float32) * 0.05  # [out, in]
+    source[3, :32] = 0.25  # a block of one value: its range is 0
+    weight = q4_1(source).T  # [K, N], as the graph's MatMul reads it
+    grid = on_grid(weight)
+    assert grid is not None and grid.codes.shape == (96, 2, BLOCK) and grid.codes.max() == 15
+    rebuilt = (grid.codes * grid.scales[..., None] + grid.minimums[..., None]).reshape(96, 64).T
+    np.testing.assert_allclose(rebuilt, weight, rtol=0, atol=1e-7)
+    assert on_grid(source.T) is None  # float weights are not on a 16-step grid
+    assert on_grid(q4_1(source)[:, :48].T) is None  # K not whole blocks
+    eight_bit = np.round(source / np.abs(source).max() * 127) / 127  # 255 levels: not 16 a block
+    assert on_grid(eight_bit.T.astype(np.float32)) is None
+
+
+@pytest.fixture(scope="module")
+def eval_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("int4-eval") / "eval.txt"
+    path.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def q4_llama_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama as a GGUF import in Q4_1 would be: every Linear layer on its 4-bit grid, the tied
+    embedding table (Q8_0 in SmolLM2's file) as it was."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("q4-llama") / "model"
+    shutil.copytree(tiny_llama_dir, out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(torch.from_numpy(q4_1(module.weight.numpy())))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(q4_llama_dir: Path, eval_text: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repository = tmp_path_factory.mktemp("int4-repo")
+    result = export_model(
+        q4_llama_dir, "text-generation", "llama", repository, ("fp32", "int4"), eval_data=eval_text
+    )
+    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "int4": []}
+    assert result.version_dir is not None
+    return result.version_dir
+
+
+def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(exported: Path) -> None:
+    manifest = read_version(exported).manifest
+    int4 = manifest.variants["int4"]
+    assert int4.precision == "int4" and int4.device == "cpu"
+    assert int4.parity["top1_agreement"] == 1.0 and int4.parity["eval_rows"] > 0
+    assert int4.parity["greedy_match"] == 1.0  # the gate holds it to fp32's greedy text
+    assert int4.size_bytes < 0.7 * manifest.variants["fp32"].size_bytes  # the tied table stays fp32
+    graph = onnx.load(str(exported / "model.int4.onnx")).graph
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) == 2 * 4  # qkv, o, gate + up, down a layer
+    sessions = [
+        ort.InferenceSession(str(exported / name), providers=["CPUExecutionProvider"])
+        for name in ("model.onnx", "model.int4.onnx")
+    ]
+    layout = manifest.generation
+    assert layout is not None
+    rng = np.random.default_rng(1)
+    ids = rng.integers(3, 200, (2, 9))
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.tile(np.arange(9), (2, 1)),
+        "logit_positions": np.tile(np.arange(9), (2, 1)),
+    } | {
+        f"past_key_values.{i}.{kind}": np.zeros(
+            (2, layout.num_key_value_heads, 0, layout.head_dim), np.float32
+        )
+        for i in range(layout.num_layers)
+        for kind in ("key", "value")
+    }
+    fp32, int4_logits = (s.run(["logits"], feeds)[0] for s in sessions)
+    np.testing.assert_allclose(int4_logits, fp32, rtol=0, atol=1e-4 * max(1.0, float(np.abs(fp32).max())))
+
+
+def test_int4_greedy_equals_pytorch_with_the_cache_and_served(q4_llama_dir: Path, exported: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from service.tokenization import TextEncoder
+
+    model = AutoModelForCausalLM.from_pretrained(q4_llama_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(q4_llama_dir)
+    version = read_version(exported)
+    layout = version.manifest.generation
+    assert layout is not None
+    session = ort.InferenceSession(str(exported / "model.int4.onnx"), providers=["CPUExecutionProvider"])
+    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
+    expected = [greedy_torch(model, p, 16, layout.eos_token_id) for p in prompts]
+    assert [greedy_onnx(session, layout, p, 16) for p in prompts] == expected
+    encoder = TextEncoder(version.file(version.manifest.tokenizer.file), version.manifest.tokenizer)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        served = (OrtEngine(version.file("model.int4.onnx"), device="cpu"), layout, encoder, executor)
+        assert together(served, prompts, SamplingParams(max_new_tokens=16)) == expected
+
+
+def test_a_model_that_was_never_4_bit_has_no_int4_variant(
+    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
+) -> None:
+    result = export_model(
+        tiny_llama_dir, "text-generation", "llama", tmp_path, ("fp32", "int4"), eval_data=eval_text
+    )
+    problems = {r.variant: r.problems for r in result.variants}
+    assert problems["fp32"] == [] and result.version_dir is not None
+    assert any("no weight lies on a 4-bit block grid" in p for p in problems["int4"]), problems
+    assert "int4" not in read_version(result.version_dir).manifest.variants
