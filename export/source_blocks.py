@@ -7,8 +7,9 @@ Recovering `q`, `d` and `m` loses nothing, so a graph that computes with them co
 computes, where requantizing its float weights to 8 bits moves them off the grid and changed SmolLM2's next
 token at 2 % of positions (docs/benchmarks.md). Each such MatMul becomes ONNX Runtime's MatMulNBits (4-bit
 codes and scales `d`, zero point 0, float32 compute) plus the blocks' minimums as a small correction:
-`x @ W = MatMulNBits(x) + (x @ S) @ M`, with `S` summing each block of the input and `M` the `m`s. A weight
-that is not on such a grid stays float32; where none is, there is no int4 variant to build.
+`x @ W = MatMulNBits(x) + (x @ S) @ M`, with `S` summing each block of the input and `M` the `m`s (float
+zero points would hold `m` directly, but send MatMulNBits down its unpacked path: 14x slower at one row). A
+weight that is not on such a grid stays float32; where none is, there is no int4 variant to build.
 """
 
 from __future__ import annotations

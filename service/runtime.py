@@ -85,13 +85,16 @@ def engine_plan(
 
 
 def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
-    """The variant to serve: as requested, else fp16 on GPU and int8 (when exported) on CPU, else fp32 (a
-    variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name)."""
+    """The variant to serve: as requested, else fp16 on GPU, and on CPU int8 or else int4 (when exported),
+    else fp32 (a variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name). int4
+    exists only for a model that was 4-bit at its source and computes what fp32 does: on a CPU it decodes
+    one stream faster and holds a third of the memory, but decodes many streams together slower (SmolLM2,
+    served: 1.38x tokens/s at 1 stream, 0.89x at 16; docs/benchmarks.md), where fp32 is the one to name."""
     if requested != "auto":
         if requested not in manifest.variants:
             raise ValueError(f"{manifest.name} v{manifest.version} has no {requested!r} variant")
         return requested
-    preferred = ["fp16", "fp32"] if on_gpu else ["int8", "fp32"]
+    preferred = ["fp16", "fp32"] if on_gpu else ["int8", "int4", "fp32"]
     return next(v for v in preferred if v in manifest.variants)
 
 

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     )
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8", "int4"] = Field(
         "auto",
-        description="ONNX variant to serve; auto picks fp16 on GPU, int8 (if present) else fp32 on CPU.",
+        description="ONNX variant to serve; auto picks fp16 on GPU, and on CPU int8, else int4 (a model "
+        "4-bit at its source: faster at few streams, slower at many), else fp32.",
     )
     frontends: int = Field(
         0,

@@ -20,6 +20,7 @@ from export.source_blocks import BLOCK, on_grid
 from service.engine import OrtEngine
 from service.generation.sampling import SamplingParams
 from service.repository import read_version
+from service.runtime import choose_variant
 from tests.service.generation.helpers import together
 from tests.tiny_models import CORPUS
 
@@ -93,6 +94,8 @@ def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(
     manifest = read_version(exported).manifest
     int4 = manifest.variants["int4"]
     assert int4.precision == "int4" and int4.device == "cpu"
+    assert choose_variant(manifest, "auto", on_gpu=False) == "int4"  # no int8 here: a CPU serves int4
+    assert choose_variant(manifest, "auto", on_gpu=True) == "fp32"
     assert int4.parity["top1_agreement"] == 1.0 and int4.parity["eval_rows"] > 0
     assert int4.parity["greedy_match"] == 1.0  # the gate holds it to fp32's greedy text
     assert int4.size_bytes < 0.7 * manifest.variants["fp32"].size_bytes  # the tied table stays fp32
