@@ -2,7 +2,8 @@
 
 A model imported from a GGUF file in Q4_1 (SmolLM2-135M-Instruct here) holds, once dequantized to float32,
 weights that lie exactly on a grid: in each block of 32 along the input, `w = d * q + m` with `q` in 0..15,
-the block's smallest weight at `q = 0` and its largest at `q = 15` (that is how Q4_1 picks `d` and `m`).
+the block's smallest weight at `q = 0` and its largest at `q = 15` (that is how Q4_1 picks `d` and `m`;
+Q4_0's blocks and the k-quants' 4-bit sub-blocks are such grids too, their ends not always used).
 Recovering `q`, `d` and `m` loses nothing, so a graph that computes with them computes what the source model
 computes, where requantizing its float weights to 8 bits moves them off the grid and changed SmolLM2's next
 token at 2 % of positions (docs/benchmarks.md). Each such MatMul becomes ONNX Runtime's MatMulNBits (4-bit
@@ -34,23 +35,41 @@ class Grid:
     minimums: np.ndarray
 
 
+def _codes(blocks: np.ndarray, low: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each block's codes on the grid `low + scale * q`, and how far the rebuilt block misses the weights
+    (a share of the block's size; a code outside 0..15 misses by construction)."""
+    step = np.where(scales > 0, scales, 1.0)[..., None]
+    exact = np.rint((blocks - low[..., None]) / step)
+    codes = np.clip(exact, 0, 15)
+    rebuilt = codes * scales[..., None].astype(np.float64) + low.astype(np.float32)[..., None]
+    size = np.maximum(blocks.max(axis=-1) - low, np.abs(low))[..., None] + 1e-30
+    miss = (np.abs(rebuilt - blocks) / size).max(axis=-1) + (exact != codes).any(axis=-1)
+    return codes.astype(np.uint8), miss
+
+
 def on_grid(weight: np.ndarray) -> Grid | None:
-    """The weight's 4-bit blocks, where every block lies on its own 16-step grid from its minimum to its
-    maximum; None where any does not (or K is not whole blocks)."""
+    """The weight's 4-bit blocks, where every block lies on a grid of at most 16 steps from its minimum;
+    None where any does not (or K is not whole blocks). The step is the block's range / 15 where its ends
+    are codes 0 and 15 (Q4_1 always), else its smallest gap between two weights (Q4_0's `d * (q - 8)`
+    and the k-quants' sub-blocks, whose ends need not be used)."""
     k, n = weight.shape
     if k % BLOCK:
         return None
     blocks = weight.T.reshape(n, k // BLOCK, BLOCK).astype(np.float64)
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
-    scales = ((high - low) / 15).astype(np.float32)
-    step = np.where(scales > 0, scales, 1.0)[..., None]
-    codes = np.clip(np.rint((blocks - low[..., None]) / step), 0, 15).astype(np.uint8)
-    minimums = low.astype(np.float32)
-    rebuilt = codes * scales[..., None].astype(np.float64) + minimums[..., None]
-    spread = np.maximum(high - low, np.abs(low))[..., None] + 1e-30
-    if (np.abs(rebuilt - blocks) / spread).max() > GRID_TOLERANCE:
-        return None
-    return Grid(codes, scales, minimums)
+    ranged = ((high - low) / 15).astype(np.float32)
+    codes, miss = _codes(blocks, low, ranged)
+    if (miss > GRID_TOLERANCE).any():
+        gaps = np.diff(np.sort(blocks, axis=-1), axis=-1)
+        gaps[gaps <= GRID_TOLERANCE * (high - low)[..., None]] = np.inf  # equal weights
+        smallest = gaps.min(axis=-1)
+        gapped = np.where(np.isfinite(smallest), smallest, 0.0).astype(np.float32)
+        other, other_miss = _codes(blocks, low, gapped)
+        use = miss > GRID_TOLERANCE
+        codes[use], miss[use], ranged[use] = other[use], other_miss[use], gapped[use]
+        if (miss > GRID_TOLERANCE).any():
+            return None
+    return Grid(codes, ranged, low.astype(np.float32))
 
 
 def _nibbles(codes: np.ndarray) -> np.ndarray:

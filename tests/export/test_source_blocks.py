@@ -39,6 +39,23 @@ def q4_1(weight: np.ndarray) -> np.ndarray:
     return (d[..., None] * q.astype(np.float32) + m[..., None]).reshape(out, inputs).astype(np.float32)
 
 
+def q4_0(weight: np.ndarray) -> np.ndarray:
+    """`weight` through GGUF's Q4_0 and back: `d * (q - 8)`, d the block's signed extreme / -8 in fp16."""
+    out, inputs = weight.shape
+    blocks = weight.reshape(out, inputs // BLOCK, BLOCK).astype(np.float32)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    d = (extreme / -8).astype(np.float16).astype(np.float32)
+    q = np.clip(np.trunc(blocks / np.where(d != 0, d, 1)[..., None] + 8.5), 0, 15)
+    return (d[..., None] * (q - 8).astype(np.float32)).reshape(out, inputs)
+
+
+def rebuilt(weight: np.ndarray) -> np.ndarray:
+    grid = on_grid(weight)
+    assert grid is not None and grid.codes.max() <= 15
+    n, blocks, _ = grid.codes.shape
+    return (grid.codes * grid.scales[..., None] + grid.minimums[..., None]).reshape(n, blocks * BLOCK).T
+
+
 def test_a_q4_1_weight_is_recovered_exactly_and_others_are_not_taken_for_one() -> None:
     rng = np.random.default_rng(0)
     source = rng.standard_normal((96, 64)).astype(np.float32) * 0.05  # [out, in]
@@ -46,8 +63,9 @@ def test_a_q4_1_weight_is_recovered_exactly_and_others_are_not_taken_for_one() -
     weight = q4_1(source).T  # [K, N], as the graph's MatMul reads it
     grid = on_grid(weight)
     assert grid is not None and grid.codes.shape == (96, 2, BLOCK) and grid.codes.max() == 15
-    rebuilt = (grid.codes * grid.scales[..., None] + grid.minimums[..., None]).reshape(96, 64).T
-    np.testing.assert_allclose(rebuilt, weight, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(rebuilt(weight), weight, rtol=0, atol=1e-7)
+    q4_0_weight = q4_0(source).T  # its +7 end often unused: the grid's step is then its smallest gap
+    np.testing.assert_allclose(rebuilt(q4_0_weight), q4_0_weight, rtol=0, atol=1e-7)
     assert on_grid(source.T) is None  # float weights are not on a 16-step grid
     assert on_grid(q4_1(source)[:, :48].T) is None  # K not whole blocks
     eight_bit = np.round(source / np.abs(source).max() * 127) / 127  # 255 levels: not 16 a block
