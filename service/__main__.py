@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 
+from service.engine_plan import EngineFactory
 from service.launcher import supervise
 from service.logs import configure_logging
-from service.runtime import EngineFactory, ort_engine_factory
+from service.runtime import ort_engine_factory
 from service.settings import parse_cli
 
 log = logging.getLogger("distilserve")

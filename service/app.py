@@ -17,12 +17,13 @@ from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.task_lane import ServiceApp
 from service.cascade import Pairs
+from service.engine_plan import EngineFactory
 from service.exchange import TextLimits
 from service.ipc import Executions, IndexRow
 from service.metrics import Metrics
 from service.model_control import ModelControl
 from service.registry import ModelRegistry
-from service.runtime import EngineFactory, StartupError, ort_engine_factory
+from service.runtime import StartupError, ort_engine_factory
 from service.served import ServedModel, local_model
 from service.settings import Settings
 from service.startup import StartupClock

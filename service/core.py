@@ -36,12 +36,13 @@ from service.batch_policy import (
 )
 from service.batching import MicroBatcher
 from service.engine import EngineError
+from service.engine_plan import EngineFactory
 from service.generation.engine_thread import Produced
 from service.generation.sequence import Sequence as GenSequence
 from service.memory import resident_bytes
 from service.metrics import Metrics
 from service.model_control import ModelControl, ModelControlError, ModelRetiredError
-from service.runtime import EngineFactory, EngineModel
+from service.runtime import EngineModel
 from service.settings import Settings
 from service.startup import StartupClock
 from service.tokenization import EncodedText

@@ -44,9 +44,10 @@ from prometheus_client import multiprocess
 from service.app import create_app
 from service.core import run_core
 from service.engine import name_this_thread
+from service.engine_plan import EngineFactory
 from service.logs import configure_logging, stop_writing
 from service.metrics import clear_multiprocess_dir, multiprocess_dir
-from service.runtime import EngineFactory, StartupError
+from service.runtime import StartupError
 from service.server import STARTUP_FAILURE, serve
 from service.settings import Settings, frontend_count
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from service.batching import ClientWork
 from service.drafts import attach_drafts, follow_student
+from service.engine_plan import EngineFactory
 from service.generation.tuning import thread_spinning
 from service.ipc import EngineUnavailableError, IndexRow, Placement
 from service.manifest import Manifest
@@ -34,7 +35,6 @@ from service.metrics import Metrics
 from service.registry import ModelNotFoundError
 from service.repository import RepositoryError, read_manifest, read_version
 from service.runtime import (
-    EngineFactory,
     EngineModel,
     StartupError,
     load_engine_model,

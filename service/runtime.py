@@ -14,13 +14,14 @@ import numpy as np
 from service import graph_cache
 from service.batch_policy import BatchPolicy, BatchStats
 from service.batching import ClientWork, MicroBatcher
-from service.engine import CUDA, Engine, OrtEngine, available_cores, name_this_thread
+from service.decoder_sessions import draft_engine, faster_decoder, int4_or_fp32
+from service.engine import CUDA, Engine, OrtEngine, name_this_thread
+from service.engine_plan import EngineFactory, EnginePlan, engine_plan, padding_floor
 from service.generation.engine import EngineHooks
 from service.generation.engine_thread import GenerationCore
 from service.generation.grammar import Grammars
 from service.generation.runner import DecoderRunner, StepResult
 from service.generation.scheduler import Scheduler, SchedulerConfig, StepPlan
-from service.generation.tuning import SPLIT_PAYS_S, decode_step_s, fastest_threads
 from service.ipc import Executions, Placement
 from service.latency_target import planner_for
 from service.manifest import GenerationLayout, Manifest
@@ -32,64 +33,15 @@ from service.tokenization import EncodedText, pad_batch
 
 log = logging.getLogger(__name__)
 
-# The real / padded token share a batch keeps unless configured. On a CPU a padded token costs what a real
-# one does and a bigger batch gains nothing, so the floor is high: MiniLM-shaped at 64 clients, 3 alternating
-# rounds, 0.85 -> 284 / 291 / 292 req/s (mean batch 15), 0.95 -> 301 / 309 / 308 (mean batch 8.6); the
-# demo student 883 / 934 / 937 vs 862 / 939 / 951. On a GPU a bigger batch is nearly free: unchanged there.
-CPU_PADDING_FLOOR = 0.95
-GPU_PADDING_FLOOR = 0.85
-
-
-def padding_floor(settings: Settings, provider: str) -> float:
-    if settings.min_padding_efficiency is not None:
-        return settings.min_padding_efficiency
-    return GPU_PADDING_FLOOR if provider == CUDA else CPU_PADDING_FLOOR
-
 
 class StartupError(RuntimeError):
     """The service cannot serve anything useful; start-up stops with this message."""
 
 
-EngineFactory = Callable[[ModelVersion, str, Settings], Engine]
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """How many engine calls a model runs at once (all on its one session) and on how many threads each."""
-
-    instances: int
-    threads: int
-
-    def settings(self, settings: Settings) -> Settings:
-        """The settings an engine factory gets: the resolved thread count in place of `0 = auto`."""
-        return settings.model_copy(update={"intra_op_threads": self.threads})
-
-
-def engine_plan(
-    settings: Settings, *, on_gpu: bool, generation: bool, cores: int | None = None
-) -> EnginePlan:
-    """On a CPU, one single-threaded call per core beats one call spread over every core: a parallel op waits
-    for its slowest thread, and beside the event loop one of them is always late. ONNX Runtime alone, 2
-    cores, batch 8, sequences/s: MiniLM-shaped 1 call x 2 threads 296-343 vs 2 calls x 1 thread 362-409;
-    the demo student 1,457-1,670 vs 1,947-2,041. The price: a lone batch-1 call runs on one thread (MiniLM-
-    shaped 6.2 vs 4.5 ms). A GPU runs one call at a time anyway; a decode loop is one call at a time (on a CPU
-    on all cores or on one, as measured at start-up: `_faster_decoder`)."""
-    cores = cores or available_cores()  # the engine core owns the device's cores
-    if generation:
-        instances = 1
-    elif settings.instances:
-        instances = settings.instances
-    else:
-        instances = 1 if on_gpu else cores
-    return EnginePlan(instances, settings.intra_op_threads or max(1, cores // instances))
-
-
 def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
-    """The variant to serve: as requested, else fp16 on GPU, and on CPU int8 or else int4 (when exported),
-    else fp32 (a variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name). int4
-    exists only for a model that was 4-bit at its source and computes what fp32 does: on a CPU it decodes
-    one stream faster and holds a third of the memory, but decodes many streams together slower (SmolLM2,
-    served: 1.38x tokens/s at 1 stream, 0.89x at 16; docs/benchmarks.md), where fp32 is the one to name."""
+    """The variant to serve: as requested, else fp16 on GPU, and on CPU int8, else int4 (a model 4-bit at
+    its source: fp32's answers, faster at few streams, slower at many; docs/benchmarks.md), else fp32 (a
+    variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name)."""
     if requested != "auto":
         if requested not in manifest.variants:
             raise ValueError(f"{manifest.name} v{manifest.version} has no {requested!r} variant")
@@ -331,7 +283,9 @@ def load_engine_model(
             engine = engine_factory(version, gpu_variant, gpu_plan.settings(settings))
         variant, plan = gpu_variant, gpu_plan
     elif generation and settings.warmup and not settings.intra_op_threads and plan.threads > 1:
-        engine, plan = _faster_decoder(version, variant, settings, engine_factory, engine, plan)
+        engine, plan = faster_decoder(version, variant, settings, engine_factory, engine, plan)
+    if generation and engine.provider != CUDA and (variant, settings.variant) == ("int4", "auto"):
+        engine, variant = int4_or_fp32(version, settings, engine_factory, engine, plan)
     executor = ThreadPoolExecutor(
         max_workers=plan.instances,
         thread_name_prefix=f"engine-{manifest.name}",
@@ -340,7 +294,7 @@ def load_engine_model(
     )
     name = manifest.name
     model = EngineModel(version, variant, engine, executor, plan)
-    model.draft_engine = _draft_engine(version, settings, engine_factory, engine, plan)
+    model.draft_engine = draft_engine(version, settings, engine_factory, engine, plan)
     if manifest.generation is not None:
         hooks = counting_steps(metrics.generation_hooks(name), model.stats)
         grammars = Grammars(version.file(manifest.tokenizer.file), manifest.generation.stop_ids())
@@ -382,81 +336,3 @@ def load_engine_model(
         plan.threads,
     )
     return model
-
-
-def _draft_engine(
-    version: ModelVersion, settings: Settings, engine_factory: EngineFactory, engine: Engine, plan: EnginePlan
-) -> Engine | None:
-    """The session of a student's draft variant (export.variants.build_draft), on the threads its served
-    variant runs on, where speculative decoding may use it: on a CPU (on a GPU the fp16 it serves drafts),
-    unless settings say off or to draft with the served variant, or it does not load."""
-    manifest = version.manifest
-    drafting = manifest.teacher is not None and settings.speculative != "off"
-    if not drafting or settings.speculative_draft == "served" or engine.provider == CUDA:
-        return None
-    variant = next((name for name, spec in manifest.variants.items() if spec.drafts_only), None)
-    if variant is None:
-        return None
-    try:
-        return engine_factory(version, variant, plan.settings(settings))
-    except Exception as e:  # a draft that cannot load never keeps its model from serving
-        log.warning(
-            "%s v%d: its %s variant did not load (%s); the variant it serves drafts instead",
-            manifest.name,
-            manifest.version,
-            variant,
-            str(e).splitlines()[0][:200],
-        )
-        return None
-
-
-def _faster_decoder(
-    version: ModelVersion,
-    variant: str,
-    settings: Settings,
-    engine_factory: EngineFactory,
-    engine: Engine,
-    plan: EnginePlan,
-) -> tuple[Engine, EnginePlan]:
-    """On a CPU, the decoder's session on all cores or on one, whichever runs a busy decode step faster
-    (service.generation.tuning); the other is dropped. A model too short to time, or a timing that fails,
-    keeps all cores: this only ever chooses, it never stops a start-up."""
-    manifest = version.manifest
-    assert manifest.generation is not None
-    positions = manifest.max_sequence_length
-    prompt = min(32, positions // 2)
-    steps = min(8, positions - prompt - 2)  # every step's position inside the model's
-    if prompt < 1 or steps < 2:
-        return engine, plan
-    one = EnginePlan(instances=1, threads=1)
-    rows = min(16, settings.gen_max_batch)
-    layout = manifest.generation
-    try:
-        all_cores_s = decode_step_s(engine, layout, rows, prompt, steps)
-        if all_cores_s >= SPLIT_PAYS_S:  # no second session built and timed: seconds of every start-up
-            log.info(
-                "%s v%d: a decode step of %d sequences takes %.2f ms on %d thread(s): long enough to split",
-                manifest.name,
-                manifest.version,
-                rows,
-                all_cores_s * 1000,
-                plan.threads,
-            )
-            return engine, plan
-        candidates = [(plan.threads, engine), (1, engine_factory(version, variant, one.settings(settings)))]
-        timed = fastest_threads(candidates, lambda e: decode_step_s(e, layout, rows, prompt, steps))
-    except Exception as e:  # a failing timing leaves the default in place
-        log.warning(
-            "%s v%d: timing the decoder's threads failed (%s); all cores", manifest.name, manifest.version, e
-        )
-        return engine, plan
-    log.info(
-        "%s v%d: a decode step of %d sequences takes %s; serving on %d thread(s)",
-        manifest.name,
-        manifest.version,
-        rows,
-        ", ".join(f"{t.step_s * 1000:.2f} ms on {t.threads} thread(s)" for t in timed),
-        timed[0].threads,
-    )
-    chosen = dict(candidates)[timed[0].threads]
-    return chosen, plan if timed[0].threads == plan.threads else one

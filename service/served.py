@@ -17,12 +17,13 @@ import numpy as np
 
 from service.batch_policy import ItemTiming
 from service.batching import MicroBatcher, all_or_none
+from service.engine_plan import EnginePlan
 from service.generation.engine import EngineHooks, GenerationEngine, TokenStreams
 from service.ipc import Placement
 from service.manifest import Manifest
 from service.metrics import Metrics
 from service.repository import ModelVersion, OfVersion
-from service.runtime import EngineModel, EnginePlan
+from service.runtime import EngineModel
 from service.settings import Settings
 from service.stats import ModelStats
 from service.tasks.chat_template import ChatTemplate, compile_chat_template

@@ -63,6 +63,25 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def q4_llama(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny Llama 4-bit at its source (tests.tiny_models.build_q4_llama): its HF directory, and its
+    version exported with fp32 and int4 (export/source_blocks.py), gated on the tiny corpus."""
+    from export.pipeline import export_model
+    from tests.tiny_models import CORPUS, build_q4_llama
+
+    root = tmp_path_factory.mktemp("q4-llama")
+    hf = build_q4_llama(tiny_llama_dir, root / "model")
+    eval_text = root / "eval.txt"
+    eval_text.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
+    result = export_model(
+        hf, "text-generation", "llama", root / "repo", ("fp32", "int4"), eval_data=eval_text
+    )
+    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "int4": []}
+    assert result.version_dir is not None
+    return hf, result.version_dir
+
+
+@pytest.fixture(scope="session")
 def tiny_repository(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
     """A model repository with one fp32 model per task, named as in TASK_MODEL_NAMES."""
     from export.pipeline import export_model

@@ -121,6 +121,38 @@ def build_tiny_llama(out: Path, positions: int = 64) -> Path:
     return out
 
 
+def q4_1(weight: Any) -> Any:
+    """`weight` [out, in] (numpy) through GGUF's Q4_1 and back, as llama.cpp quantizes (a block of 32's
+    minimum and range / 15 in fp16) and gguf-py dequantizes (`d * q + m` in float32)."""
+    import numpy as np
+
+    out, inputs = weight.shape
+    blocks = weight.reshape(out, inputs // 32, 32).astype(np.float32)
+    low, high = blocks.min(-1), blocks.max(-1)
+    d = ((high - low) / 15).astype(np.float16).astype(np.float32)
+    m = low.astype(np.float16).astype(np.float32)
+    q = np.clip(np.floor((blocks - low[..., None]) / np.where(d > 0, d, 1)[..., None] + 0.5), 0, 15)
+    return (d[..., None] * q.astype(np.float32) + m[..., None]).reshape(out, inputs).astype(np.float32)
+
+
+def build_q4_llama(source: Path, out: Path) -> Path:
+    """The tiny Llama at `source` as a GGUF import in Q4_1 would be: every Linear layer on its 4-bit grid,
+    the tied embedding table (Q8_0 in SmolLM2's file) as it was."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(source, out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(torch.from_numpy(q4_1(module.weight.numpy())))
+    model.save_pretrained(out)
+    return out
+
+
 def tiny_bert_settings(vocab_size: int, layers: int = 2, positions: int = 128, **more: Any) -> dict[str, Any]:
     """BertConfig settings of the tests' tiny encoders: 32 wide, 2 heads, `layers` deep."""
     return dict(

@@ -5,14 +5,12 @@ was never 4-bit has no int4 variant, and the export says why."""
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 
 from export.greedy import greedy_onnx, greedy_torch
 from export.pipeline import export_model
@@ -22,21 +20,9 @@ from service.generation.sampling import SamplingParams
 from service.repository import read_version
 from service.runtime import choose_variant
 from tests.service.generation.helpers import together
-from tests.tiny_models import CORPUS
+from tests.tiny_models import CORPUS, q4_1
 
 PROMPTS = ["I loved this", "Acme was founded by John Smith in 1950", "Who"]
-
-
-def q4_1(weight: np.ndarray) -> np.ndarray:
-    """`weight` [out, in] through GGUF's Q4_1 and back, as llama.cpp quantizes (a block's minimum and
-    range / 15 in fp16) and gguf-py dequantizes (`d * q + m` in float32)."""
-    out, inputs = weight.shape
-    blocks = weight.reshape(out, inputs // BLOCK, BLOCK).astype(np.float32)
-    low, high = blocks.min(-1), blocks.max(-1)
-    d = ((high - low) / 15).astype(np.float16).astype(np.float32)
-    m = low.astype(np.float16).astype(np.float32)
-    q = np.clip(np.floor((blocks - low[..., None]) / np.where(d > 0, d, 1)[..., None] + 0.5), 0, 15)
-    return (d[..., None] * q.astype(np.float32) + m[..., None]).reshape(out, inputs).astype(np.float32)
 
 
 def q4_0(weight: np.ndarray) -> np.ndarray:
@@ -72,43 +58,10 @@ def test_a_q4_1_weight_is_recovered_exactly_and_others_are_not_taken_for_one() -
     assert on_grid(eight_bit.T.astype(np.float32)) is None
 
 
-@pytest.fixture(scope="module")
-def eval_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("int4-eval") / "eval.txt"
-    path.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def q4_llama_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama as a GGUF import in Q4_1 would be: every Linear layer on its 4-bit grid, the tied
-    embedding table (Q8_0 in SmolLM2's file) as it was."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("q4-llama") / "model"
-    shutil.copytree(tiny_llama_dir, out)
-    model = AutoModelForCausalLM.from_pretrained(out)
-    with torch.no_grad():
-        for module in model.model.layers.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.copy_(torch.from_numpy(q4_1(module.weight.numpy())))
-    model.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def exported(q4_llama_dir: Path, eval_text: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repository = tmp_path_factory.mktemp("int4-repo")
-    result = export_model(
-        q4_llama_dir, "text-generation", "llama", repository, ("fp32", "int4"), eval_data=eval_text
-    )
-    assert {r.variant: r.problems for r in result.variants} == {"fp32": [], "int4": []}
-    assert result.version_dir is not None
-    return result.version_dir
-
-
-def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(exported: Path) -> None:
+def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(
+    q4_llama: tuple[Path, Path],
+) -> None:
+    exported = q4_llama[1]
     manifest = read_version(exported).manifest
     int4 = manifest.variants["int4"]
     assert int4.precision == "int4" and int4.device == "cpu"
@@ -143,11 +96,12 @@ def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(
     np.testing.assert_allclose(int4_logits, fp32, rtol=0, atol=1e-4 * max(1.0, float(np.abs(fp32).max())))
 
 
-def test_int4_greedy_equals_pytorch_with_the_cache_and_served(q4_llama_dir: Path, exported: Path) -> None:
+def test_int4_greedy_equals_pytorch_with_the_cache_and_served(q4_llama: tuple[Path, Path]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from service.tokenization import TextEncoder
 
+    q4_llama_dir, exported = q4_llama
     model = AutoModelForCausalLM.from_pretrained(q4_llama_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(q4_llama_dir)
     version = read_version(exported)
@@ -163,9 +117,9 @@ def test_int4_greedy_equals_pytorch_with_the_cache_and_served(q4_llama_dir: Path
         assert together(served, prompts, SamplingParams(max_new_tokens=16)) == expected
 
 
-def test_a_model_that_was_never_4_bit_has_no_int4_variant(
-    tiny_llama_dir: Path, eval_text: Path, tmp_path: Path
-) -> None:
+def test_a_model_that_was_never_4_bit_has_no_int4_variant(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    eval_text = tmp_path / "eval.txt"
+    eval_text.write_text("\n".join(dict.fromkeys(CORPUS)) + "\n", encoding="utf-8")
     result = export_model(
         tiny_llama_dir, "text-generation", "llama", tmp_path, ("fp32", "int4"), eval_data=eval_text
     )

@@ -71,7 +71,7 @@ def test_help_lists_every_knob(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_padding_floor_follows_the_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     from service.engine import CUDA
-    from service.runtime import CPU_PADDING_FLOOR, GPU_PADDING_FLOOR, padding_floor
+    from service.engine_plan import CPU_PADDING_FLOOR, GPU_PADDING_FLOOR, padding_floor
 
     assert padding_floor(Settings(), "CPUExecutionProvider") == CPU_PADDING_FLOOR == 0.95
     assert padding_floor(Settings(), CUDA) == GPU_PADDING_FLOOR == 0.85
@@ -80,7 +80,7 @@ def test_the_padding_floor_follows_the_device_unless_set(monkeypatch: pytest.Mon
 
 
 def test_instances_split_the_cores_on_a_cpu_and_stay_single_elsewhere() -> None:
-    from service.runtime import EnginePlan, engine_plan
+    from service.engine_plan import EnginePlan, engine_plan
 
     s = Settings()
     assert engine_plan(s, on_gpu=False, generation=False, cores=4) == EnginePlan(instances=4, threads=1)
@@ -98,14 +98,14 @@ def test_the_engine_core_plans_on_every_core_and_frontends_default_to_what_the_h
 ) -> None:
     """One engine core per device owns the cores (frontends only tokenize and write JSON); a small box
     keeps them for it, a many-core GPU host runs several frontends to feed the device."""
-    import service.runtime as runtime
+    import service.engine_plan as planning
     from service.settings import frontend_count
 
-    monkeypatch.setattr(runtime, "available_cores", lambda: 8)
-    plan = runtime.engine_plan
-    assert plan(Settings(), on_gpu=False, generation=False) == runtime.EnginePlan(8, 1)
-    assert plan(Settings(), on_gpu=True, generation=False) == runtime.EnginePlan(1, 8)
-    assert plan(Settings(), on_gpu=False, generation=True) == runtime.EnginePlan(1, 8)
+    monkeypatch.setattr(planning, "available_cores", lambda: 8)
+    plan = planning.engine_plan
+    assert plan(Settings(), on_gpu=False, generation=False) == planning.EnginePlan(8, 1)
+    assert plan(Settings(), on_gpu=True, generation=False) == planning.EnginePlan(1, 8)
+    assert plan(Settings(), on_gpu=False, generation=True) == planning.EnginePlan(1, 8)
     assert [frontend_count(Settings(), cores) for cores in (1, 2, 4, 6, 8, 16, 64)] == [1, 1, 1, 2, 3, 7, 8]
     assert frontend_count(Settings(frontends=5), cores=2) == 5
 

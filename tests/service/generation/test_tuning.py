@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import service.runtime
+import service.decoder_sessions
+import service.engine_plan
 from service.engine import Engine, OrtEngine
 from service.generation.runner import DecoderRunner
 from service.generation.sampling import SamplingParams
@@ -55,7 +56,7 @@ def test_a_decode_step_is_timed_and_one_thread_decodes_as_two_do(lm: ModelVersio
 def test_the_engine_core_serves_the_decoder_on_the_thread_count_that_ran_faster(
     lm: ModelVersion, monkeypatch: pytest.MonkeyPatch, faster: int
 ) -> None:
-    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+    monkeypatch.setattr(service.engine_plan, "available_cores", lambda: 4)
     built: dict[int, Engine] = {}
 
     def factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
@@ -66,7 +67,7 @@ def test_the_engine_core_serves_the_decoder_on_the_thread_count_that_ran_faster(
         threads = next(t for t, e in built.items() if e is engine)
         return 0.001 if threads == faster else 0.002
 
-    monkeypatch.setattr(service.runtime, "decode_step_s", step_s)
+    monkeypatch.setattr(service.decoder_sessions, "decode_step_s", step_s)
     model = load_engine_model(lm, Settings(device="cpu"), Metrics(), factory)
     assert sorted(built) == [1, 4]  # both were built and timed
     assert model.plan.threads == faster and model.placement().threads == faster
@@ -76,7 +77,7 @@ def test_the_engine_core_serves_the_decoder_on_the_thread_count_that_ran_faster(
 def test_a_thread_count_set_by_the_operator_is_not_second_guessed(
     lm: ModelVersion, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+    monkeypatch.setattr(service.engine_plan, "available_cores", lambda: 4)
     built: list[int] = []
 
     def factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
@@ -90,12 +91,12 @@ def test_a_thread_count_set_by_the_operator_is_not_second_guessed(
 def test_a_timing_that_fails_keeps_all_cores_and_the_start_up_goes_on(
     lm: ModelVersion, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+    monkeypatch.setattr(service.engine_plan, "available_cores", lambda: 4)
 
     def broken(*args: object) -> float:
         raise RuntimeError("the timing broke")
 
-    monkeypatch.setattr(service.runtime, "decode_step_s", broken)
+    monkeypatch.setattr(service.decoder_sessions, "decode_step_s", broken)
     model = load_engine_model(lm, Settings(device="cpu"), Metrics(), ort_engine_factory)
     assert model.plan.threads == 4 and model.generation is not None
 
@@ -107,13 +108,13 @@ def test_a_decoder_whose_step_is_long_keeps_all_cores_without_a_second_session(
     session is neither built nor timed (seconds of start-up for a real model)."""
     from service.generation.tuning import SPLIT_PAYS_S
 
-    monkeypatch.setattr(service.runtime, "available_cores", lambda: 4)
+    monkeypatch.setattr(service.engine_plan, "available_cores", lambda: 4)
     built: list[int] = []
 
     def factory(version: ModelVersion, variant: str, settings: Settings) -> Engine:
         built.append(settings.intra_op_threads)
         return ort_engine_factory(version, variant, settings)
 
-    monkeypatch.setattr(service.runtime, "decode_step_s", lambda *args: SPLIT_PAYS_S * 1.5)
+    monkeypatch.setattr(service.decoder_sessions, "decode_step_s", lambda *args: SPLIT_PAYS_S * 1.5)
     model = load_engine_model(lm, Settings(device="cpu"), Metrics(), factory)
     assert built == [4] and model.plan.threads == 4
