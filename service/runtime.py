@@ -40,8 +40,8 @@ class StartupError(RuntimeError):
 
 def choose_variant(manifest: Manifest, requested: str, on_gpu: bool) -> str:
     """The variant to serve: as requested, else fp16 on GPU, and on CPU int8, else int4 (a model 4-bit at
-    its source: fp32's answers, faster at few streams, slower at many; docs/benchmarks.md), else fp32 (a
-    variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name)."""
+    its source: fp32's answers; a decoder's fp32 graph is then served beside it, service.decoder_sessions),
+    else fp32 (a variant that drafts only, `VariantSpec.drafts_only`, is not one settings can name)."""
     if requested != "auto":
         if requested not in manifest.variants:
             raise ValueError(f"{manifest.name} v{manifest.version} has no {requested!r} variant")

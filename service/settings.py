@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     variant: Literal["auto", "fp32", "optimized", "fp16", "int8", "int4"] = Field(
         "auto",
         description="ONNX variant to serve; auto picks fp16 on GPU, and on CPU int8, else int4 (a model "
-        "4-bit at its source: faster at few streams, slower at many), else fp32.",
+        "4-bit at its source) beside fp32 for a decoder (each call on the graph that runs it faster: "
+        "service.generation.split_engine), else fp32. int4 named: int4 alone (faster at one stream, slower "
+        "at many, a third of fp32's memory).",
     )
     frontends: int = Field(
         0,

@@ -3,10 +3,11 @@ source, export/source_blocks.py) for the engine calls of few rows, its fp32 grap
 
 The int4 graph reads an eighth of the weights' bytes, which is what a decode step of one row costs on a CPU;
 with more rows, and in a prefill, ONNX Runtime unpacks its 4-bit blocks at every call and fp32 is faster
-(SmolLM2 served: int4 1.38x fp32's tokens/s at 1 stream, 0.89x at 16). Both graphs give fp32's answers, so
-a sequence may be prefilled by one and decoded by the other: each call goes to the graph that runs it
-faster, by its rows (sequences x new positions) against a line timed at start-up. Both graphs are held, so
-this costs memory; DISTILSERVE_VARIANT=int4 serves int4 alone, at a third of fp32's.
+(SmolLM2 served: int4 alone 1.46x fp32's tokens/s at 1 stream, 0.85x at 16; split, 1.35x and 1.04x). Both
+graphs give fp32's answers, so a sequence may be prefilled by one and decoded by the other: each call goes
+to the graph that runs it faster, by its rows (sequences x new positions) against a line timed at start-up.
+Both graphs are held, so this costs memory; DISTILSERVE_VARIANT=int4 serves int4 alone, at two thirds of
+fp32's.
 """
 
 from __future__ import annotations
