@@ -75,6 +75,14 @@ def _tool_lines(tools: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
 
 
+def _offer(listed: str, how: str) -> str:
+    """A system message offering the tools, as `listed`, and saying `how` to call them."""
+    return (
+        f"You may call functions to answer. The functions, one JSON signature a line:\n{listed}\n{how} "
+        "If no function helps, answer in words."
+    )
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Where a suffix of `text` that begins `marker` starts (len(text): none does)."""
     for start in range(max(0, len(text) - len(marker) + 1), len(text)):
@@ -89,13 +97,11 @@ class Hermes:
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
-        return (
-            "You may call functions to answer. The functions, one JSON signature a line:\n"
-            f"<tools>\n{_tool_lines(tools)}\n</tools>\n"
+        how = (
             "To call functions, answer only with <tool_call>"
-            '[{"name": <function name>, "arguments": <an object of its arguments>}, ...]</tool_call>. '
-            "If no function helps, answer in words."
+            '[{"name": <function name>, "arguments": <an object of its arguments>}, ...]</tool_call>.'
         )
+        return _offer(f"<tools>\n{_tool_lines(tools)}\n</tools>", how)
 
     def write(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         listed = [{"name": name, "arguments": arguments} for name, arguments in calls]
@@ -133,14 +139,12 @@ class Llama3Json:
     TAG = "<|python_tag|>"
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
-        return (
-            "You may call functions to answer. The functions, one JSON signature a line:\n"
-            f"{_tool_lines(tools)}\n"
+        how = (
             "To call one, answer only with a JSON object "
             '{"name": <function name>, "parameters": <an object of its arguments>} '
-            '(several: separated by ";"). '
-            "If no function helps, answer in words."
+            '(several: separated by ";").'
         )
+        return _offer(_tool_lines(tools), how)
 
     def write(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         return "; ".join(

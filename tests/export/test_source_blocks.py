@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from export.greedy import greedy_onnx, greedy_torch
+from export.greedy import greedy_onnx
 from export.pipeline import export_model
 from export.source_blocks import BLOCK, on_grid
 from service.engine import OrtEngine
 from service.generation.sampling import SamplingParams
 from service.repository import read_version
 from service.runtime import choose_variant
-from tests.service.generation.helpers import together
+from tests.service.generation.helpers import pytorch_greedy, together
 from tests.tiny_models import CORPUS, q4_1
 
 PROMPTS = ["I loved this", "Acme was founded by John Smith in 1950", "Who"]
@@ -97,19 +97,14 @@ def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(
 
 
 def test_int4_greedy_equals_pytorch_with_the_cache_and_served(q4_llama: tuple[Path, Path]) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from service.tokenization import TextEncoder
 
-    q4_llama_dir, exported = q4_llama
-    model = AutoModelForCausalLM.from_pretrained(q4_llama_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(q4_llama_dir)
+    hf, exported = q4_llama
     version = read_version(exported)
     layout = version.manifest.generation
     assert layout is not None
     session = ort.InferenceSession(str(exported / "model.int4.onnx"), providers=["CPUExecutionProvider"])
-    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
-    expected = [greedy_torch(model, p, 16, layout.eos_token_id) for p in prompts]
+    prompts, expected = pytorch_greedy(hf, PROMPTS, 16, layout.eos_token_id)
     assert [greedy_onnx(session, layout, p, 16) for p in prompts] == expected
     encoder = TextEncoder(version.file(version.manifest.tokenizer.file), version.manifest.tokenizer)
     with ThreadPoolExecutor(max_workers=1) as executor:

@@ -111,3 +111,18 @@ def error(r: Any) -> str:
     assert r.status_code == 422, r.text
     assert body["error_type"] == "validation", body
     return str(body["error"])
+
+
+def pytorch_greedy(
+    hf_dir: Any, texts: list[str], new_tokens: int, eos: int | None
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The texts' prompt ids under the HF directory's tokenizer, and PyTorch's greedy continuation of each:
+    the reference a served decoder's greedy text is held to."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from export.greedy import greedy_torch
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in texts]
+    return prompts, [greedy_torch(model, p, new_tokens, eos) for p in prompts]

@@ -20,7 +20,7 @@ from service.repository import ModelVersion, read_version
 from service.runtime import load_engine_model, ort_engine_factory
 from service.settings import Settings
 from service.tokenization import TextEncoder
-from tests.service.generation.helpers import together
+from tests.service.generation.helpers import pytorch_greedy, together
 
 PROMPTS = ["I loved this", "Acme was founded by John Smith in 1950", "Who", "The film was wonderful and"]
 
@@ -63,18 +63,11 @@ def test_the_line_is_the_most_rows_at_which_int4_is_still_faster(faster_up_to: i
 def test_greedy_decoded_across_both_graphs_is_pytorchs(q4_llama: tuple[Path, Path]) -> None:
     """Prompts decoded together and alone, with the line at one row: lone decode steps on int4, batched
     steps and every prefill on fp32, a sequence moving between them as others join and finish."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from export.greedy import greedy_torch
-
     hf, exported = q4_llama
-    model = AutoModelForCausalLM.from_pretrained(hf).eval()
-    tokenizer = AutoTokenizer.from_pretrained(hf)
     version = read_version(exported)
     layout = version.manifest.generation
     assert layout is not None
-    prompts = [tokenizer(text)["input_ids"] for text in PROMPTS]
-    expected = [greedy_torch(model, p, 16, layout.eos_token_id) for p in prompts]
+    prompts, expected = pytorch_greedy(hf, PROMPTS, 16, layout.eos_token_id)
     int4 = OrtEngine(version.file("model.int4.onnx"), device="cpu")
     fp32 = OrtEngine(version.file("model.onnx"), device="cpu")
     split = RowSplitEngine(int4, fp32, rows=1)
