@@ -35,6 +35,21 @@ def q4_0(weight: np.ndarray) -> np.ndarray:
     return (d[..., None] * (q - 8).astype(np.float32)).reshape(out, inputs)
 
 
+def q4_k(weight: np.ndarray, seed: int = 0) -> np.ndarray:
+    """`weight` through the shape of GGUF's Q4_K and back: super-blocks of 256 with fp16 `d` and `dmin`, each
+    sub-block of 32 `d * sc * q - dmin * m` with 6-bit `sc` and `m` (chosen here, not fitted as llama.cpp
+    fits them: a sub-block's codes then need not reach 0 or 15)."""
+    out, inputs = weight.shape
+    rng = np.random.default_rng(seed)
+    blocks = weight.reshape(out, inputs // 256, 8, BLOCK).astype(np.float32)
+    d = (np.abs(blocks).max(axis=(-2, -1)) / 15 / 40).astype(np.float16).astype(np.float32)[..., None]
+    sc = rng.integers(40, 64, blocks.shape[:-1]).astype(np.float32)
+    m = rng.integers(0, 63, blocks.shape[:-1]).astype(np.float32)
+    dmin = d / 8
+    q = np.clip(np.rint((blocks + (dmin * m)[..., None]) / (d * sc)[..., None]), 0, 15)
+    return ((d * sc)[..., None] * q - (dmin * m)[..., None]).astype(np.float32).reshape(out, inputs)
+
+
 def rebuilt(weight: np.ndarray) -> np.ndarray:
     grid = on_grid(weight)
     assert grid is not None and grid.codes.max() <= 15
@@ -52,6 +67,8 @@ def test_a_q4_1_weight_is_recovered_exactly_and_others_are_not_taken_for_one() -
     np.testing.assert_allclose(rebuilt(weight), weight, rtol=0, atol=1e-7)
     q4_0_weight = q4_0(source).T  # its +7 end often unused: the grid's step is then its smallest gap
     np.testing.assert_allclose(rebuilt(q4_0_weight), q4_0_weight, rtol=0, atol=1e-7)
+    k_quant = q4_k(rng.standard_normal((16, 512)).astype(np.float32) * 0.05).T
+    np.testing.assert_allclose(rebuilt(k_quant), k_quant, rtol=0, atol=1e-7)
     assert on_grid(source.T) is None  # float weights are not on a 16-step grid
     assert on_grid(q4_1(source)[:, :48].T) is None  # K not whole blocks
     eight_bit = np.round(source / np.abs(source).max() * 127) / 127  # 255 levels: not 16 a block
