@@ -23,6 +23,7 @@ from export.onnx_export import export_onnx
 from export.onnx_files import external_data
 from export.parity import BOUNDS, NOT_CHECKED, Feeds, Outputs, ParityReport, compare
 from export.repository import write_version
+from export.source_blocks import build_int4
 from export.tasks import (
     SPECS,
     TaskSpec,
@@ -243,11 +244,14 @@ def _build_and_judge(
     one that cannot be built is reported as such, never silently dropped."""
     started = time.perf_counter()
     progress(f"building the {variant} variant" + (f" ({recipe.name})" if recipe else ""))
-    head_tokens = None
+    head_tokens, described = None, None
     try:
         if variant in DRAFT_VARIANTS:
             path = work / VARIANT_FILES[variant]
             head_tokens = build_draft(fp32, path, draft_head_tokens)
+        elif variant == "int4":
+            path = work / VARIANT_FILES[variant]
+            described = build_int4(fp32, path)
         elif recipe is None:
             path = build_variant(variant, export_dir, fp32, work)
         else:
@@ -261,7 +265,7 @@ def _build_and_judge(
             variant, work / VARIANT_FILES[variant], empty, [problem], 0.0, 0, recipe=_name(recipe)
         )
     outcome = _judged(variant, path, time.perf_counter() - started, parity, progress)
-    outcome.recipe, outcome.head_tokens = _name(recipe), head_tokens
+    outcome.recipe, outcome.head_tokens = described or _name(recipe), head_tokens
     return outcome
 
 

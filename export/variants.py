@@ -322,10 +322,6 @@ def build_variant(variant: str, export_dir: Path, fp32: Path, out_dir: Path) -> 
         build_int8(fp32, out)
     elif variant == "fp16":
         build_fp16(fp32, out)
-    elif variant == "int4":
-        from export.source_blocks import build_int4
-
-        build_int4(fp32, out)
-    else:  # a draft is built by build_draft, with the head cut the pipeline chose
+    else:  # a draft is built by build_draft (with the head cut the pipeline chose), int4 by build_int4
         raise ValueError(f"unknown variant {variant!r}")
     return out

@@ -89,6 +89,7 @@ def test_the_int4_graph_holds_every_layer_in_4_bits_and_computes_what_fp32_does(
     assert int4.size_bytes < 0.7 * manifest.variants["fp32"].size_bytes  # the tied table stays fp32
     graph = onnx.load(str(exported / "model.int4.onnx")).graph
     assert sum(n.op_type == "MatMulNBits" for n in graph.node) == 2 * 4  # qkv, o, gate + up, down a layer
+    assert int4.recipe == "source 4-bit blocks: 8 of 8 weighted MatMuls"  # the tied head is no weight here
     sessions = [
         ort.InferenceSession(str(exported / name), providers=["CPUExecutionProvider"])
         for name in ("model.onnx", "model.int4.onnx")
