@@ -318,6 +318,23 @@ def _message_content(value: Any) -> Any:
     return "\n".join(texts)
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    arguments: str = Field(..., description="The arguments as the JSON text the model wrote.")
+
+
+class EarlierToolCall(BaseModel):
+    """An assistant's earlier tool call, as OpenAI's answer gave it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     """One message of the conversation (text only): an assistant's may carry the tool calls it made instead
     of text, and a `tool` message answers one of them; the chat template renders what it knows of them."""
@@ -329,7 +346,7 @@ class ChatMessage(BaseModel):
         None, description='A string, or a list of {"type": "text", "text": ...} parts.'
     )
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = Field(None, description="An assistant's earlier tool calls.")
+    tool_calls: list[EarlierToolCall] | None = Field(None, description="An assistant's earlier tool calls.")
     tool_call_id: str | None = Field(None, description="A tool message's: the call it answers.")
 
     @model_validator(mode="after")

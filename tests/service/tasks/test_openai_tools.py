@@ -164,6 +164,24 @@ def test_a_conversation_with_earlier_calls_and_their_results_renders(server: Liv
             None,
         ),
         ({"messages": [{"role": "assistant"}]}, "content is required", "messages.0"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"name": 3, "arguments": "{}"}}]}
+                ]
+            },
+            "Input should be a valid string",
+            "messages.0.tool_calls.0.function.name",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+                ]
+            },
+            "Input should be a valid string",
+            "messages.0.tool_calls.0.function.arguments",
+        ),
     ],
 )
 def test_tool_mistakes_are_clear_400s(
