@@ -38,7 +38,14 @@ from service.tasks.generation_base import (
 from service.tasks.generation_shadow import shadow_hook
 from service.tasks.openai_logprobs import LogprobWriter
 from service.tasks.openai_requests import ChatCompletionRequest, CompletionRequest
-from service.tasks.openai_tools import NO_PARSER, ToolCalling, conversation, openai_calls, tool_format
+from service.tasks.openai_tools import (
+    NO_PARSER,
+    ToolCalling,
+    call_id,
+    conversation,
+    openai_calls,
+    tool_format,
+)
 
 OPENAI_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -146,18 +153,48 @@ def tool_shape(calling: ToolCalling) -> Shape:
     no whole calls, or was cut at the token limit)."""
 
     def choice(text: str, finish: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        parsed = calling.read(text) if finish != "length" else None
+        parsed = calling.read(text) if finish != "length" or calling.named else None
         if parsed is None or not parsed.calls:
             return CHAT.choice(text, finish, logprobs)
         message = {"role": "assistant", "content": parsed.content, "tool_calls": openai_calls(parsed.calls)}
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": calling.finish}
+        reason = finish if finish == "length" else calling.finish
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
     return dataclasses.replace(CHAT, choice=choice, calling=calling)
 
 
+def _named_chunks(name: str, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
+    """A named function's arguments as the model writes them, OpenAI's way: the call's id and name with the
+    first fragment, each later token's text a fragment, the finish reason last."""
+    logprobs = _take(choice.logprobs, event)
+    chunks = []
+    if choice.call is None or event.text:
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": event.text}}
+        if choice.call is None:
+            choice.call = call_id()
+            call = {
+                "index": 0,
+                "id": choice.call,
+                "type": "function",
+                "function": {"name": name} | call["function"],
+            }
+        chunks.append(
+            {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": logprobs, "finish_reason": None}
+        )
+        logprobs = None
+    if event.finish_reason is not None:
+        chunks.append(
+            {"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": _finish(event.finish_reason)}
+        )
+    return chunks
+
+
 def _tool_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
     """Text as it comes, but for what may begin a call (under a grammar: all of it); once the answer is
-    complete, the text still held and the calls, in one delta each, and the finish reason."""
+    complete, the text still held and the calls, in one delta each, and the finish reason. A named
+    function's arguments stream as they come (`_named_chunks`)."""
+    if calling.named is not None:
+        return _named_chunks(calling.named, choice, event)
     if choice.logprobs is not None:
         choice.logprobs.add(event)
     choice.text += event.text
@@ -202,6 +239,7 @@ class Choice:
     scores_only: bool = False
     text: str = ""  # a streamed tool-calling answer's text so far (service.tasks.openai_tools)
     sent: int = 0  # how much of it went out as content
+    call: str | None = None  # a streamed named call's id, once its first fragment went out
 
     def seen(self, event: TokenEvent) -> TokenEvent:
         """The event as this choice's client sees it (a scores-only choice's token is none of its)."""

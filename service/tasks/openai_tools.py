@@ -12,7 +12,8 @@ template that does not render them gets them in a system message, in the format 
 a conversation's earlier calls and their results written as the model would have seen them.
 
 Either way the answer's `message.tool_calls` carry the calls (finish reason `tool_calls`; a named call's
-`stop`, as OpenAI).
+`stop`, as OpenAI). A named function's call is the answer itself: its arguments stream as they are written,
+and cut at the token limit it is still the call (finish `length`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,7 +67,10 @@ class ToolCalling:
 
     def read(self, text: str) -> Parsed:
         """The answer as calls and the text around them; no calls where the text is not whole calls (a
-        grammar cut at the token limit) or names a tool not offered."""
+        grammar cut at the token limit) or names a tool not offered. A named function's call is the answer
+        itself, its arguments the text as written (cut short too, as vLLM and OpenAI give it)."""
+        if self.named is not None:
+            return Parsed(None, [(self.named, text)])
         if self.grammar is None:
             assert self.format is not None, "an auto tool calling is given its format before it reads"
             parsed = self.format.parse(text)
@@ -73,8 +78,7 @@ class ToolCalling:
                 return Parsed(text, [])
             return parsed if self.parallel else Parsed(parsed.content, parsed.calls[:1])
         try:
-            value = json.loads(text)
-            pairs = [(self.named, value)] if self.named else [(c["name"], c["parameters"]) for c in value]
+            pairs = [(c["name"], c["parameters"]) for c in json.loads(text)]
         except (ValueError, KeyError, TypeError):  # not whole, or (a grammar cut short) not of that shape
             return Parsed(text, [])
         return Parsed(None, pairs)
@@ -85,13 +89,22 @@ class ToolCalling:
         return 0 if self.format is None else self.format.held(text)
 
 
-def openai_calls(calls: list[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Calls in OpenAI's shape, each with an id of its own."""
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def openai_calls(calls: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Calls in OpenAI's shape, each with an id of its own; arguments given as text are sent as written."""
     return [
         {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": call_id(),
             "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+            "function": {
+                "name": name,
+                "arguments": arguments
+                if isinstance(arguments, str)
+                else json.dumps(arguments, ensure_ascii=False),
+            },
         }
         for name, arguments in calls
     ]

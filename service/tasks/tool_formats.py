@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -27,7 +28,7 @@ class Parsed:
     none). No calls: the answer is text, whole."""
 
     content: str | None
-    calls: list[tuple[str, dict[str, Any]]]
+    calls: Sequence[tuple[str, dict[str, Any] | str]]  # arguments: an object, or a named call's text
 
 
 class ToolCallFormat(Protocol):

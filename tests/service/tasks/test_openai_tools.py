@@ -125,6 +125,26 @@ def test_streamed_calls_equal_the_whole_answers(server: LiveServer) -> None:
     assert finish == ["tool_calls"] and [d.index for d in deltas] == list(range(len(deltas)))
 
 
+def test_a_named_calls_arguments_stream_as_they_are_written(server: LiveServer) -> None:
+    """OpenAI's stream of a call: its id and name with the first fragment, then fragments of the arguments;
+    joined, the whole answer's. Cut at the token limit, the call is still the call (finish "length")."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for max_tokens, finish in ((100, "stop"), (6, "length")):
+        asked = {"model": CHAT, "messages": MESSAGES, "tools": [WEATHER], "tool_choice": named}
+        asked |= {"max_tokens": max_tokens, "temperature": 0}
+        whole = client(server).chat.completions.create(**asked)
+        (call,) = whole.choices[0].message.tool_calls
+        assert whole.choices[0].finish_reason == finish and call.function.name == "get_weather"
+        chunks = list(client(server).chat.completions.create(**asked, stream=True))
+        deltas = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+        assert len(deltas) > 1 and deltas[0].id and deltas[0].function.name == "get_weather"
+        assert all(d.id is None and d.function.name is None for d in deltas[1:])
+        assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+        if finish == "stop":
+            assert fits("get_weather", call.function.arguments)
+
+
 def test_a_conversation_with_earlier_calls_and_their_results_renders(server: LiveServer) -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     messages = [
@@ -203,7 +223,8 @@ def test_text_that_is_not_whole_calls_stays_text() -> None:
     assert required.read('[{"name": "f", "parameters": {}}]').calls == [("f", {})]
     for text in ('[{"name": "f", "param', '{"name": "f"}', "[1]"):
         assert required.read(text).calls == [] and required.read(text).content == text
-    assert ToolCalling(grammar="", named="f").read('{"a": 1}').calls == [("f", {"a": 1})]
+    named = ToolCalling(grammar="", named="f")  # the answer is the call, as written, cut short too
+    assert named.read('{"a": 1}').calls == [("f", '{"a": 1}')] and named.read('{"a').calls == [("f", '{"a')]
 
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}</tool_call>'
