@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.generation.grammar import constraint_grammar
 from service.tasks.chat_template import ChatTemplate
-from service.tasks.tool_formats import FORMATS, Parsed, ToolCallFormat, format_for
+from service.tasks.tool_formats import FORMATS, Parsed, ToolCallFormat, format_for, listing
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}  # a function that declares no parameters
 
@@ -176,14 +176,14 @@ def conversation(
     chat: ChatTemplate,
     written: ToolCallFormat | None,
 ) -> list[dict[str, Any]]:
-    """The messages the chat template is given. Where it does not render tools, an "auto" request's tools
-    are offered in a system message (after the caller's own, if any) in the format `written`; where it does
-    not render earlier calls, they are written into the assistant's text, and the tools' results into user
-    messages, as that format has them."""
-    if written is None:
-        return messages
+    """The messages the chat template is given. Where it does not render tools, the request's tools are
+    offered in a system message (after the caller's own, if any): under "auto" with how to call them in the
+    format `written`, under a grammar as a list (the grammar writes the call; SmolLM2, six questions and
+    three tools, "required": the right tool for 6 against 4 without the list, docs/benchmarks.md). Where it
+    does not render earlier calls, they are written into the assistant's text, and the tools' results into
+    user messages, as `written` has them."""
     out = list(messages)
-    if not chat.renders_tool_calls:
+    if written is not None and not chat.renders_tool_calls:
         out = [
             {
                 **m,
@@ -195,8 +195,12 @@ def conversation(
             else m
             for m in out
         ]
-    if tools and calling is not None and calling.grammar is None and not chat.renders_tools:
-        offer = written.instructions(tools)
+    if tools and calling is not None and not chat.renders_tools:
+        if calling.grammar is None:
+            assert written is not None, "an auto tool calling has its format (the handler refuses it without)"
+            offer = written.instructions(tools)
+        else:
+            offer = listing(tools)
         if out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{offer}"}
         else:

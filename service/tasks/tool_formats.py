@@ -76,12 +76,17 @@ def _tool_lines(tools: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
 
 
+OFFER = "You may call functions to answer. The functions, one JSON signature a line:\n"
+
+
 def _offer(listed: str, how: str) -> str:
     """A system message offering the tools, as `listed`, and saying `how` to call them."""
-    return (
-        f"You may call functions to answer. The functions, one JSON signature a line:\n{listed}\n{how} "
-        "If no function helps, answer in words."
-    )
+    return f"{OFFER}{listed}\n{how} If no function helps, answer in words."
+
+
+def listing(tools: list[dict[str, Any]]) -> str:
+    """A system message offering the tools where a grammar writes the call (no format to explain)."""
+    return OFFER + _tool_lines(tools)
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -177,6 +177,11 @@ def test_a_template_that_renders_no_tools_is_told_of_them() -> None:
     )
     assert own_system[0]["content"].startswith("Be brief.\n\n") and len(own_system) == 4
     assert conversation(messages[:1], tools, None, chatml, hermes) == messages[:1]  # a text answer: no offer
+    required = ToolCalling("<a grammar>", names=frozenset({"get_weather"}))  # the grammar writes the call
+    for written in (hermes, None):  # DISTILSERVE_TOOL_CALL_PARSER off: the list is still offered
+        (offer, user) = conversation(messages[:1], tools, required, chatml, written)
+        assert offer["role"] == "system" and '"name": "get_weather"' in offer["content"]
+        assert "<tool_call>" not in offer["content"] and user == messages[0]
 
 
 def test_a_template_that_renders_tools_is_given_the_conversation_as_it_is() -> None:
