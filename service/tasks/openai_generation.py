@@ -22,6 +22,7 @@ from typing import Any
 from service.batching import all_or_none
 from service.exchange import Exchange
 from service.generation.sequence import FinishReason, Sequence, TokenEvent
+from service.tasks.call_stream import CallStream
 from service.tasks.chat_template import ChatTemplateError
 from service.tasks.contract import Collaborators, EventStream, InvalidInputError
 from service.tasks.generation_base import (
@@ -153,7 +154,7 @@ def tool_shape(calling: ToolCalling) -> Shape:
     no whole calls, or was cut at the token limit)."""
 
     def choice(text: str, finish: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        parsed = calling.read(text) if finish != "length" or calling.named else None
+        parsed = calling.read(text) if finish != "length" or calling.grammar is not None else None
         if parsed is None or not parsed.calls:
             return CHAT.choice(text, finish, logprobs)
         message = {"role": "assistant", "content": parsed.content, "tool_calls": openai_calls(parsed.calls)}
@@ -163,38 +164,43 @@ def tool_shape(calling: ToolCalling) -> Shape:
     return dataclasses.replace(CHAT, choice=choice, calling=calling)
 
 
-def _named_chunks(name: str, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
-    """A named function's arguments as the model writes them, OpenAI's way: the call's id and name with the
-    first fragment, each later token's text a fragment, the finish reason last."""
+def _grammar_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
+    """Calls written under a grammar, OpenAI's way: each call's id and name with its first fragment, then
+    fragments of its arguments as the model writes them (service.tasks.call_stream); the finish reason
+    last, after the answer as text where it held no call."""
     logprobs = _take(choice.logprobs, event)
+    if choice.calls is None:
+        choice.calls = CallStream(calling.named)
     chunks = []
-    if choice.call is None or event.text:
-        call: dict[str, Any] = {"index": 0, "function": {"arguments": event.text}}
-        if choice.call is None:
-            choice.call = call_id()
-            call = {
-                "index": 0,
-                "id": choice.call,
-                "type": "function",
-                "function": {"name": name} | call["function"],
-            }
+    for piece in choice.calls.feed(event.text):
+        call: dict[str, Any] = {"index": piece.call, "function": {"arguments": piece.arguments}}
+        if piece.name is not None:
+            call |= {"id": call_id(), "type": "function", "function": {"name": piece.name} | call["function"]}
         chunks.append(
             {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": logprobs, "finish_reason": None}
         )
         logprobs = None
-    if event.finish_reason is not None:
-        chunks.append(
-            {"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": _finish(event.finish_reason)}
+    if event.finish_reason is None:
+        return chunks
+    whole = tool_shape(calling).choice(choice.calls.text, _finish(event.finish_reason) or "stop", None)
+    message = whole["message"]
+    if not choice.calls.calls and (message["content"] or message.get("tool_calls")):  # read whole, at the end
+        delta = (
+            {"content": message["content"]}
+            if message["content"]
+            else {"tool_calls": [c | {"index": i} for i, c in enumerate(message["tool_calls"])]}
         )
-    return chunks
+        chunks.append({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+        logprobs = None
+    return [*chunks, {"index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": whole["finish_reason"]}]
 
 
 def _tool_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
     """Text as it comes, but for what may begin a call (under a grammar: all of it); once the answer is
     complete, the text still held and the calls, in one delta each, and the finish reason. A named
-    function's arguments stream as they come (`_named_chunks`)."""
-    if calling.named is not None:
-        return _named_chunks(calling.named, choice, event)
+    grammar's calls stream as they are written (`_grammar_chunks`)."""
+    if calling.grammar is not None:
+        return _grammar_chunks(calling, choice, event)
     if choice.logprobs is not None:
         choice.logprobs.add(event)
     choice.text += event.text
@@ -239,7 +245,7 @@ class Choice:
     scores_only: bool = False
     text: str = ""  # a streamed tool-calling answer's text so far (service.tasks.openai_tools)
     sent: int = 0  # how much of it went out as content
-    call: str | None = None  # a streamed named call's id, once its first fragment went out
+    calls: CallStream | None = None  # a streamed grammar's calls, as read so far
 
     def seen(self, event: TokenEvent) -> TokenEvent:
         """The event as this choice's client sees it (a scores-only choice's token is none of its)."""

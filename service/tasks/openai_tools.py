@@ -12,8 +12,9 @@ template that does not render them gets them in a system message, in the format 
 a conversation's earlier calls and their results written as the model would have seen them.
 
 Either way the answer's `message.tool_calls` carry the calls (finish reason `tool_calls`; a named call's
-`stop`, as OpenAI). A named function's call is the answer itself: its arguments stream as they are written,
-and cut at the token limit it is still the call (finish `length`).
+`stop`, as OpenAI). Under a grammar each call's arguments stream as they are written
+(service.tasks.call_stream), and a call cut at the token limit is still the call (finish `length`); "auto"'s
+calls come whole once the answer is.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.generation.grammar import constraint_grammar
+from service.tasks.call_stream import CallStream
 from service.tasks.chat_template import ChatTemplate
 from service.tasks.tool_formats import FORMATS, Parsed, ToolCallFormat, format_for, listing
 
@@ -66,22 +68,24 @@ class ToolCalling:
         return "stop" if self.named else "tool_calls"
 
     def read(self, text: str) -> Parsed:
-        """The answer as calls and the text around them; no calls where the text is not whole calls (a
-        grammar cut at the token limit) or names a tool not offered. A named function's call is the answer
-        itself, its arguments the text as written (cut short too, as vLLM and OpenAI give it)."""
-        if self.named is not None:
-            return Parsed(None, [(self.named, text)])
-        if self.grammar is None:
+        """The answer as calls and the text around them. Under a grammar, each call read as it was written
+        (service.tasks.call_stream), its arguments the text the model wrote, cut short too (as vLLM and
+        OpenAI give a call cut at the token limit); text where no call's head was whole. "auto": no calls
+        where the text is not whole calls or names a tool not offered."""
+        if self.grammar is not None:
+            stream = CallStream(self.named)
+            stream.feed(text)
+            if stream.calls:
+                return Parsed(None, stream.calls)
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # whole calls, keys in another order
+                return Parsed(None, [(c["name"], c["parameters"]) for c in json.loads(text)])
+        else:
             assert self.format is not None, "an auto tool calling is given its format before it reads"
             parsed = self.format.parse(text)
             if not all(name in self.names for name, _ in parsed.calls):
                 return Parsed(text, [])
             return parsed if self.parallel else Parsed(parsed.content, parsed.calls[:1])
-        try:
-            pairs = [(c["name"], c["parameters"]) for c in json.loads(text)]
-        except (ValueError, KeyError, TypeError):  # not whole, or (a grammar cut short) not of that shape
-            return Parsed(text, [])
-        return Parsed(None, pairs)
+        return Parsed(text, [])
 
     def held(self, text: str) -> int:
         """How much of a streamed answer may go out as content before it is complete: under a grammar none

@@ -120,9 +120,16 @@ def test_streamed_calls_equal_the_whole_answers(server: LiveServer) -> None:
     chunks = list(client(server).chat.completions.create(**asked, tool_choice="required", stream=True))
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    streamed = [(d.function.name, d.function.arguments) for d in deltas]
+    calls: dict[int, list[Any]] = {}  # each call's fragments, as a client joins them
+    for d in deltas:
+        calls.setdefault(d.index, []).append(d)
+    streamed = [(f[0].function.name, "".join(d.function.arguments for d in f)) for f in calls.values()]
     assert streamed == [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
-    assert finish == ["tool_calls"] and [d.index for d in deltas] == list(range(len(deltas)))
+    assert finish == ["tool_calls"] and list(calls) == list(range(len(calls)))
+    assert all(
+        f[0].id and all(d.id is None and d.function.name is None for d in f[1:]) for f in calls.values()
+    )
+    assert len(deltas) > 2 * len(calls)  # arguments in fragments, as they were written
 
 
 def test_a_named_calls_arguments_stream_as_they_are_written(server: LiveServer) -> None:
@@ -219,8 +226,14 @@ def test_tool_mistakes_are_clear_400s(
 def test_text_that_is_not_whole_calls_stays_text() -> None:
     from service.tasks.openai_tools import ToolCalling
 
-    required = ToolCalling(grammar="")
-    assert required.read('[{"name": "f", "parameters": {}}]').calls == [("f", {})]
+    required = ToolCalling(grammar="")  # each call as written: cut short, the calls whose heads are whole
+    assert required.read('[{"name": "f", "parameters": {}}]').calls == [("f", "{}")]
+    assert required.read(
+        '[{"name": "f", "parameters": {"a": [1, "]"]}}, {"name": "g", "parameters": {"b'
+    ).calls == [
+        ("f", '{"a": [1, "]"]}'),
+        ("g", '{"b'),
+    ]
     for text in ('[{"name": "f", "param', '{"name": "f"}', "[1]"):
         assert required.read(text).calls == [] and required.read(text).content == text
     named = ToolCalling(grammar="", named="f")  # the answer is the call, as written, cut short too
