@@ -196,9 +196,9 @@ def _grammar_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> 
 
 
 def _tool_chunks(calling: ToolCalling, choice: Choice, event: TokenEvent) -> list[dict[str, Any]]:
-    """Text as it comes, but for what may begin a call (under a grammar: all of it); once the answer is
-    complete, the text still held and the calls, in one delta each, and the finish reason. A named
-    grammar's calls stream as they are written (`_grammar_chunks`)."""
+    """Under "auto", text as it comes but for what may begin a call; once the answer is complete, the text
+    still held and the calls, in one delta each, and the finish reason. Calls under a grammar stream as
+    they are written (`_grammar_chunks`)."""
     if calling.grammar is not None:
         return _grammar_chunks(calling, choice, event)
     if choice.logprobs is not None:
@@ -243,7 +243,7 @@ class Choice:
     # `max_tokens: 0` with `echo`: the prompt scored, nothing generated. The engine's prefill still chooses a
     # token (it is one engine call either way); the answer leaves it out.
     scores_only: bool = False
-    text: str = ""  # a streamed tool-calling answer's text so far (service.tasks.openai_tools)
+    text: str = ""  # a streamed "auto" answer's text so far (service.tasks.openai_tools)
     sent: int = 0  # how much of it went out as content
     calls: CallStream | None = None  # a streamed grammar's calls, as read so far
 
