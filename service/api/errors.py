@@ -67,10 +67,19 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models/")
-# TEI's /embed, /predict and /tokenize answer what its validation refuses (a text past the window, too many
-# texts) with 413 and error_type "validation" (its router's status table); its clients expect that, as ours.
-TEI_PATHS = ("/embed", "/predict", "/tokenize")
+OPENAI_PATHS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/models/",
+    "/v1/score",  # vLLM's, as its rerank routes: its errors are OpenAI's shape
+    "/v1/rerank",
+    "/v2/rerank",
+)
+# TEI's /embed, /predict, /tokenize, /rerank and /similarity answer what its validation refuses (a text past
+# the window, too many texts) with 413 and error_type "validation" (its router's status table); its clients
+# expect that, as ours.
+TEI_PATHS = ("/embed", "/predict", "/tokenize", "/rerank", "/similarity")
 
 # Our (status, type) -> OpenAI's on its routes: OpenAI and vLLM answer a request they cannot serve with 400
 # `invalid_request_error` (the openai client's BadRequestError; 422 would be UnprocessableEntityError, which

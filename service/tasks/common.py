@@ -61,47 +61,66 @@ def answering(
     return answer
 
 
-def check_chars(texts: Sequence[str], x: Exchange, what: str = "input") -> None:
+def where(i: int, count: int, what: str = "input", labels: Sequence[str] | None = None) -> str:
+    """How a message names text `i` of `count`: its label (the request's own field, e.g. documents[3]) where
+    the texts reached the engine in another order than the request's, else by position."""
+    if labels is not None:
+        return labels[i]
+    return f"{what} {i}" if count > 1 else f"the {what}"
+
+
+def check_chars(
+    texts: Sequence[str], x: Exchange, what: str = "input", labels: Sequence[str] | None = None
+) -> None:
     """Refuse a text over the raw-character cap before tokenizing it: tokenizing is the costly part."""
     limit = x.limits.max_chars
     for i, text in enumerate(texts):
         if len(text) > limit:
-            where = f"{what} {i}" if len(texts) > 1 else f"the {what}"
-            raise InvalidInputError(f"{where} is {len(text)} characters, at most {limit}")
+            raise InvalidInputError(
+                f"{where(i, len(texts), what, labels)} is {len(text)} characters, at most {limit}"
+            )
 
 
-def enforce_window(encoded: Sequence[EncodedText], window: int, x: Exchange) -> None:
+def enforce_window(
+    encoded: Sequence[EncodedText], window: int, x: Exchange, labels: Sequence[str] | None = None
+) -> None:
     """Texts past the model's window: keep the truncated encoding or refuse, per the server's policy.
 
     The number truncated goes on the exchange, from which the HTTP layer tells the client."""
     over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
     for i in over:
-        where = f"input {i}" if len(encoded) > 1 else "the input"
+        text = where(i, len(encoded), labels=labels)
         if x.limits.truncation == "reject":
             raise InvalidInputError(
-                f"{where} is longer than the model's window of {window} tokens and this server "
+                f"{text} is longer than the model's window of {window} tokens and this server "
                 "rejects instead of truncating; shorten it"
             )
         if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
-            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+            raise InvalidInputError(f"{text} is longer than the model's window of {window} tokens")
     x.add_truncated(len(over))
 
 
-def fit_window(encoded: Sequence[EncodedText], window: int, x: Exchange, truncate: bool | None) -> None:
+def fit_window(
+    encoded: Sequence[EncodedText],
+    window: int,
+    x: Exchange,
+    truncate: bool | None,
+    labels: Sequence[str] | None = None,
+) -> None:
     """TEI's `truncate`: None follows the server's policy (common.enforce_window); false refuses a text past
     the window, true keeps its truncated encoding."""
     if truncate is None:
-        enforce_window(encoded, window, x)
+        enforce_window(encoded, window, x, labels)
         return
     over = [i for i, e in enumerate(encoded) if e.truncated or len(e) > window]
     for i in over:
-        where = f"input {i}" if len(encoded) > 1 else "the input"
+        text = where(i, len(encoded), labels=labels)
         if not truncate:
             raise InvalidInputError(
-                f"{where} is longer than the model's window of {window} tokens; truncate: true cuts it"
+                f"{text} is longer than the model's window of {window} tokens; truncate: true cuts it"
             )
         if not encoded[i].truncated:  # the tokenizer was exported without truncation: cannot cut safely
-            raise InvalidInputError(f"{where} is longer than the model's window of {window} tokens")
+            raise InvalidInputError(f"{text} is longer than the model's window of {window} tokens")
     x.add_truncated(len(over))
 
 
@@ -112,13 +131,15 @@ async def run_texts(
     metrics: Metrics,
     timeout_s: float,
     x: Exchange,
+    labels: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], int]:
     """Each text's graph outputs (checked, tokenized, fitted to the window by `fit_window`'s rule, batched by
-    the engine) and the tokens the texts took."""
-    check_chars(texts, x)
+    the engine) and the tokens the texts took. `labels`: what messages call each text (default: by
+    position)."""
+    check_chars(texts, x, labels=labels)
     with tokenizing(metrics, model, x):
         encoded = model.encoder.encode(texts)
-    fit_window(encoded, model.encoder.max_length, x, truncate)
+    fit_window(encoded, model.encoder.max_length, x, truncate, labels)
     return await run_all(model, encoded, timeout_s, x), sum(len(e) for e in encoded)
 
 

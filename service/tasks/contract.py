@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from service.exchange import Exchange
 from service.runtime import EngineAsks
@@ -87,6 +87,20 @@ class TeiRequest(BaseModel):
         "DISTILSERVE_TRUNCATION.",
     )
     truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
+
+
+class TeiEmbeddingRequest(TeiRequest):
+    """TEI's requests to an embedding model (/embed, /similarity): `prompt_name` (its models' stored
+    prefixes) is refused by name, and `model` is distilserve's own."""
+
+    prompt_name: str | None = Field(None, description="Not supported: must be null.")
+    model: str | None = Field(None, description="Model name; default: the first embedding model.")
+
+    @model_validator(mode="after")
+    def _no_prompts(self) -> TeiEmbeddingRequest:
+        if self.prompt_name is not None:
+            raise ValueError("prompt_name is not supported: the model has no prompts")
+        return self
 
 
 class CascadeRequest(ModelRequest):

@@ -7,6 +7,9 @@ base64 unless told otherwise. `POST /embed` is text-embeddings-inference's (`inp
 413 with `{"error", "error_type"}`, as TEI answers). v2: TEXT BYTES [b] -> EMBEDDING FP32 [b, dim]
 (parameter `dimensions`).
 
+Ranking with the same vectors (rerank, score, similarity: Jina's, Cohere's, vLLM's and TEI's shapes) is
+service.tasks.similarity's; its endpoints are this task's.
+
 The graph pools and normalises (export.sentence_embedding), so the engine batches texts as for
 classification and nothing here knows the pooling rule. `dimensions` keeps the first coordinates and
 normalises again (OpenAI's shortened text-embedding-3 vectors): a unit vector's prefix, so it needs a
@@ -16,32 +19,32 @@ normalised model, and it can only shorten.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
+from service.tasks import similarity
 from service.tasks.common import passed, run_texts, validated
 from service.tasks.contract import (
     Collaborators,
     Endpoint,
     InvalidInputError,
     ServedTask,
-    TeiRequest,
+    TeiEmbeddingRequest,
     Texts,
     V2Interface,
     V2Job,
     tensor,
 )
+from service.tasks.vectors import EMBEDDINGS, embedding_spec, l2_normalized, stacked
 
 if TYPE_CHECKING:
     from service.manifest import EmbeddingSpec
-    from service.served import ServedModel
 
-NAME = "sentence-embeddings"
+NAME = EMBEDDINGS
 
 
 def _no_token_ids(value: Any) -> Any:
@@ -74,19 +77,11 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = Field(None, description="Accepted and ignored.")
 
 
-class EmbedRequest(TeiRequest):
-    """TEI's /embed request (`prompt_name` is not supported; `model` is distilserve's own)."""
+class EmbedRequest(TeiEmbeddingRequest):
+    """TEI's /embed request."""
 
     inputs: EmbeddingTexts = Field(..., description="One text or a list of texts.")
     normalize: bool = Field(True, description="L2-normalised vectors (false: as pooled, before that).")
-    prompt_name: str | None = Field(None, description="Not supported: must be null.")
-    model: str | None = Field(None, description="Model name; default: the first embedding model.")
-
-    @model_validator(mode="after")
-    def _no_prompts(self) -> EmbedRequest:
-        if self.prompt_name is not None:
-            raise ValueError("prompt_name is not supported: the model has no prompts")
-        return self
 
 
 class EmbeddingObject(TypedDict):
@@ -108,22 +103,6 @@ class EmbeddingsResponse(TypedDict):
 
 
 # -- the shared path --------------------------------------------------------------------------------------
-
-
-def embedding_spec(model: ServedModel) -> EmbeddingSpec:
-    spec = model.manifest.embedding
-    assert spec is not None  # the manifest schema requires it of this task
-    return spec
-
-
-def stacked(outputs: Sequence[dict[str, np.ndarray]], name: str) -> np.ndarray:
-    return np.stack([o[name] for o in outputs]).astype(np.float32, copy=False)
-
-
-def l2_normalized(vectors: np.ndarray) -> np.ndarray:
-    """Rows of unit length (a zero row stays zero), as torch's F.normalize."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
 def check_dimensions(dimensions: int | None, spec: EmbeddingSpec) -> None:
@@ -224,6 +203,7 @@ TASK = ServedTask(
             handle_tei,
             tags=("embeddings",),
         ),
+        *similarity.ENDPOINTS,
     ),
     v2=V2Interface(
         inputs=("TEXT",),

@@ -1,4 +1,5 @@
-"""Retrieval for retrieve-then-read QA: embed a question and its passages, rank the passages by cosine.
+"""Retrieval for retrieve-then-read QA and for rerank and score (service.tasks.similarity): embed a query
+and its passages, rank the passages by cosine.
 
 Clients send the same passages again and again (their documents, a question at a time), so each passage's
 embedding is kept in a bounded least-recently-used cache keyed by the sha256 of the model's name, its
@@ -20,8 +21,7 @@ import numpy as np
 from service.exchange import Exchange
 from service.tasks.common import run_texts
 from service.tasks.contract import Collaborators, InvalidInputError
-from service.tasks.embeddings import NAME as EMBEDDINGS
-from service.tasks.embeddings import embedding_spec, stacked
+from service.tasks.vectors import EMBEDDINGS, cosines, embedding_spec, stacked
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -79,29 +79,30 @@ def embedding_model(name: str | None, c: Collaborators) -> ServedModel:
     return c.registry.resolve(EMBEDDINGS, name, None)  # an unknown name: 404; another task's: 422
 
 
-def unit_rows(vectors: np.ndarray) -> np.ndarray:
-    """Rows of unit length (zero rows stay zero), so a dot product is a cosine."""
-    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
-
-
 def top_by_cosine(question: np.ndarray, passages: np.ndarray, k: int) -> list[int]:
     """The indices of the `k` passages most similar to the question, best first (ties: the earlier)."""
-    scores = unit_rows(passages.astype(np.float64)) @ unit_rows(question.astype(np.float64))
+    scores = cosines(question[None, :], passages)[0]
     return [int(i) for i in np.argsort(-scores, kind="stable")[:k]]
 
 
-async def retrieve(
-    model: ServedModel, question: str, passages: Sequence[str], k: int, c: Collaborators, x: Exchange
-) -> list[int]:
-    """The indices of the `k` passages nearest the question under `model`, best first. Passages past the
-    embedding model's window are ranked by their first window (the reader still reads all of them)."""
+async def embedded(
+    model: ServedModel,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    truncate: bool | None,
+    c: Collaborators,
+    x: Exchange,
+    labels: tuple[Sequence[str], Sequence[str]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The rows of `queries` (embedded afresh) and of `documents` (from the passage cache where held), in one
+    engine request for all that missed; and the tokens embedded. A text repeated among the documents is
+    embedded once. `labels`: what a message calls each query and each document (the request's fields)."""
     cache = c.passages
-    keys = [cache.key(model, text) for text in passages]
+    keys = [cache.key(model, text) for text in documents]
     vectors: dict[bytes, np.ndarray] = {}
-    missing: dict[bytes, str] = {}  # a text repeated within the request is embedded once
+    missing: dict[bytes, int] = {}  # key -> the first document holding the text
     hits = 0
-    for key, text in zip(keys, passages, strict=True):
+    for j, key in enumerate(keys):
         found = cache.get(key)
         if found is not None:
             vectors[key] = found
@@ -109,13 +110,24 @@ async def retrieve(
         elif key in missing:
             hits += 1
         else:
-            missing[key] = text
+            missing[key] = j
     cache.count(model, hits, len(missing))
-    outputs, _ = await run_texts(
-        model, [question, *missing.values()], True, c.metrics, c.settings.request_timeout_s, x
+    texts = [*queries, *(documents[j] for j in missing.values())]
+    named = None if labels is None else [*labels[0], *(labels[1][j] for j in missing.values())]
+    outputs, tokens = await run_texts(
+        model, texts, truncate, c.metrics, c.settings.request_timeout_s, x, named
     )
     rows = stacked(outputs, embedding_spec(model).output)
-    for key, row in zip(missing, rows[1:], strict=True):
+    for key, row in zip(missing, rows[len(queries) :], strict=True):
         vectors[key] = row
         cache.put(key, row)
-    return top_by_cosine(rows[0], np.stack([vectors[key] for key in keys]), k)
+    return rows[: len(queries)], np.stack([vectors[key] for key in keys]), tokens
+
+
+async def retrieve(
+    model: ServedModel, question: str, passages: Sequence[str], k: int, c: Collaborators, x: Exchange
+) -> list[int]:
+    """The indices of the `k` passages nearest the question under `model`, best first. Passages past the
+    embedding model's window are ranked by their first window (the reader still reads all of them)."""
+    questions, rows, _ = await embedded(model, [question], passages, True, c, x)
+    return top_by_cosine(questions[0], rows, k)

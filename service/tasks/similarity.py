@@ -1,0 +1,285 @@
+"""Rerank, score and similarity with an embedding model: a query against documents, by cosine.
+
+Search ranks cheaply first: each document embedded once (kept in the passage cache that retrieve-then-read QA
+fills, service.tasks.retrieval), each query embedded and compared. In the shapes clients already send:
+
+- `POST /v1/rerank`, `/v2/rerank`, `/rerank` (Jina's and Cohere's, as vLLM serves them): `query`, `documents`
+  (texts, or `{"text"}` objects), `top_n`, `return_documents` -> `{"id", "model", "usage", "results":
+  [{"index", "relevance_score", "document": {"text"}}]}`, best first.
+- `POST /rerank` with `texts` instead of `documents` (text-embeddings-inference's): `return_text`,
+  `truncate` -> `[{"index", "score", "text"?}]`, best first.
+- `POST /v1/score` (vLLM's): `text_1` and `text_2`, each a text or a list: one against each (1:N) or pair by
+  pair (N:N) -> `data: [{"index", "object": "score", "score"}]`.
+- `POST /similarity` (TEI's): `{"inputs": {"source_sentence", "sentences"}}` -> `[float]`.
+
+Every score is a cosine in [-1, 1]: these models embed each text alone (bi-encoders). A cross-encoder reads
+the pair together and answers a logit; none is served here, so TEI's `raw_scores` changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal, NotRequired
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
+
+from service.exchange import Exchange
+from service.tasks import retrieval
+from service.tasks.contract import Collaborators, Endpoint, InvalidInputError, TeiEmbeddingRequest, Texts
+from service.tasks.vectors import EMBEDDINGS, cosines
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1, pattern=r"\S")]
+
+
+class Document(BaseModel):
+    """A document as Cohere and Jina also send it: an object with its text."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    text: Text
+
+
+class RerankRequest(BaseModel):
+    """Jina's and Cohere's rerank request; fields they have and these models cannot use are ignored, as those
+    servers ignore what they do not know."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = Field(None, description="Model name; default: the first embedding model.")
+    query: Text = Field(..., description="What the documents are ranked against.", examples=["guitar"])
+    documents: list[Text | Document] = Field(
+        ..., description='The texts to rank (or {"text"} objects).', min_length=1
+    )
+    top_n: int | None = Field(None, ge=1, description="Return only the best N (default: all).")
+    return_documents: bool = Field(True, description="Each result carries its document.")
+
+    def ranked(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class EitherRerankRequest(RerankRequest):
+    """/rerank: Jina's and Cohere's request (`documents`), or text-embeddings-inference's (`texts`)."""
+
+    documents: list[Text | Document] | None = Field(  # type: ignore[assignment]
+        None, description="Jina's and Cohere's: the texts to rank (or {\"text\"} objects).", min_length=1
+    )
+    texts: list[Text] | None = Field(None, description="TEI's: the texts to rank.", min_length=1)
+    return_text: bool = Field(False, description="TEI's: each result carries its text.")
+    raw_scores: bool = Field(False, description="TEI's; cosines have no logits: no effect.")
+    truncate: bool | None = Field(
+        None, description="Cut texts past the model's window; false: refuse them. Default: the server's."
+    )
+
+    @model_validator(mode="after")
+    def _one_list(self) -> EitherRerankRequest:
+        if (self.documents is None) == (self.texts is None):
+            raise ValueError("send the texts to rank in one of `documents` (Jina, Cohere) or `texts` (TEI)")
+        return self
+
+    def ranked(self) -> list[str]:
+        return self.texts if self.texts is not None else super().ranked()
+
+
+class RerankDocument(TypedDict):
+    text: str
+
+
+class RerankResult(TypedDict):
+    index: int
+    relevance_score: float
+    document: NotRequired[RerankDocument]
+
+
+class RerankUsage(TypedDict):
+    total_tokens: int  # tokens embedded for this request (a document from the cache costs none)
+
+
+class RerankResponse(TypedDict):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class TeiRank(TypedDict):
+    index: int
+    score: float
+    text: NotRequired[str]
+
+
+class ScoreRequest(BaseModel):
+    """vLLM's score request; its other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = Field(None, description="Model name; default: the first embedding model.")
+    text_1: Texts = Field(..., description="A text, or a list of them.", examples=["A man plays guitar."])
+    text_2: Texts = Field(
+        ..., description="A text or a list: text_1's one text against each, or pair by pair."
+    )
+
+
+class ScoreData(TypedDict):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class ScoreResponse(TypedDict):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: ScoreUsage
+
+
+class SimilarityInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    source_sentence: Text
+    sentences: list[Text] = Field(..., min_length=1)
+
+
+class SimilarityRequest(TeiEmbeddingRequest):
+    """TEI's /similarity request."""
+
+    inputs: SimilarityInputs
+
+
+def labelled(field: str, texts: str | list[str]) -> list[str]:
+    """What messages call each text of a request field: `query`, or `documents[2]`."""
+    return [field] if isinstance(texts, str) else [f"{field}[{i}]" for i in range(len(texts))]
+
+
+async def _scores(
+    model_name: str | None,
+    queries: tuple[str, str | list[str]],
+    documents: tuple[str, list[str]],
+    truncate: bool | None,
+    c: Collaborators,
+    x: Exchange,
+) -> tuple[str, list[list[float]], int]:
+    """The model that answered, each query's cosine with each document, and the tokens embedded. Queries and
+    documents come as (the request's field, its texts)."""
+    model = c.resolve(EMBEDDINGS, model_name, None, x)
+    firsts = [queries[1]] if isinstance(queries[1], str) else queries[1]
+    c.check_batch(len(firsts) + len(documents[1]), x)
+    labels = (labelled(*queries), labelled(*documents))
+    rows = await retrieval.embedded(model, firsts, documents[1], truncate, c, x, labels)
+    return model.name, cosines(rows[0], rows[1]).tolist(), rows[2]
+
+
+def _best_first(scores: list[float], top_n: int | None) -> list[int]:
+    """Indices by score, highest first (ties: the earlier), at most top_n."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
+
+
+async def handle_rerank(body: RerankRequest, x: Exchange, c: Collaborators) -> RerankResponse:
+    texts = body.ranked()
+    query, documents = ("query", body.query), ("documents", texts)
+    name, (scores,), tokens = await _scores(body.model, query, documents, None, c, x)
+    results = [RerankResult(index=i, relevance_score=scores[i]) for i in _best_first(scores, body.top_n)]
+    if body.return_documents:
+        for result in results:
+            result["document"] = RerankDocument(text=texts[result["index"]])
+    return RerankResponse(
+        id=f"rerank-{uuid.uuid4().hex}", model=name, usage=RerankUsage(total_tokens=tokens), results=results
+    )
+
+
+async def handle_either(
+    body: EitherRerankRequest, x: Exchange, c: Collaborators
+) -> RerankResponse | list[TeiRank]:
+    """/rerank: TEI's answer to TEI's request (its `truncate` too), Jina's and Cohere's to theirs."""
+    if body.texts is None:
+        return await handle_rerank(body, x, c)
+    texts = body.texts
+    _, (scores,), _ = await _scores(body.model, ("query", body.query), ("texts", texts), body.truncate, c, x)
+    ranks = [TeiRank(index=i, score=scores[i]) for i in _best_first(scores, body.top_n)]
+    if body.return_text:
+        for rank in ranks:
+            rank["text"] = texts[rank["index"]]
+    return ranks
+
+
+def paired(text_1: str | list[str], text_2: str | list[str]) -> bool:
+    """vLLM's pairing: whether text_1[i] goes with text_2[i] (else text_1's one text with each text_2)."""
+    firsts = 1 if isinstance(text_1, str) else len(text_1)
+    seconds = 1 if isinstance(text_2, str) else len(text_2)
+    if firsts == 1:
+        return False
+    if firsts != seconds:
+        raise InvalidInputError(
+            f"text_1 has {firsts} texts and text_2 {seconds}: send one text_1 to score against every "
+            "text_2, or as many of each to score pair by pair",
+            param="text_2",
+        )
+    return True
+
+
+async def handle_score(body: ScoreRequest, x: Exchange, c: Collaborators) -> ScoreResponse:
+    by_pair = paired(body.text_1, body.text_2)
+    documents = [body.text_2] if isinstance(body.text_2, str) else body.text_2
+    name, table, tokens = await _scores(
+        body.model, ("text_1", body.text_1), ("text_2", documents), None, c, x
+    )
+    scores = [table[i][i] for i in range(len(documents))] if by_pair else table[0]
+    return ScoreResponse(
+        id=f"score-{uuid.uuid4().hex}",
+        object="list",
+        created=int(time.time()),
+        model=name,
+        data=[ScoreData(index=i, object="score", score=s) for i, s in enumerate(scores)],
+        usage=ScoreUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+
+
+async def handle_similarity(body: SimilarityRequest, x: Exchange, c: Collaborators) -> list[float]:
+    inputs = body.inputs
+    query, documents = (
+        ("inputs.source_sentence", inputs.source_sentence),
+        ("inputs.sentences", inputs.sentences),
+    )
+    _, (scores,), _ = await _scores(body.model, query, documents, body.truncate, c, x)
+    return scores
+
+
+RERANK = "Rank documents against a query by cosine, best first: Jina's and Cohere's rerank, as vLLM serves it"
+TAGS = ("embeddings",)
+ENDPOINTS = (
+    *(
+        Endpoint(path, RerankRequest, RerankResponse, f"{RERANK}.", handle_rerank, "openai", TAGS)
+        for path in ("/v1/rerank", "/v2/rerank")
+    ),
+    Endpoint(
+        "/rerank",
+        EitherRerankRequest,
+        RerankResponse | list[TeiRank],
+        f"{RERANK}; with `texts` instead of `documents`, text-embeddings-inference's.",
+        handle_either,
+        tags=TAGS,
+    ),
+    Endpoint(
+        "/v1/score",
+        ScoreRequest,
+        ScoreResponse,
+        "vLLM's score: the cosine of each pair of texts (one against many, or pair by pair).",
+        handle_score,
+        "openai",
+        TAGS,
+    ),
+    Endpoint(
+        "/similarity",
+        SimilarityRequest,
+        list[float],
+        "text-embeddings-inference's /similarity: a sentence's cosine with each of several.",
+        handle_similarity,
+        tags=TAGS,
+    ),
+)
