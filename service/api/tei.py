@@ -37,7 +37,8 @@ class Info(BaseModel):
     model_sha: str | None = Field(description="The tokenizer's sha256 (the weights are per variant).")
     model_dtype: str = Field(description="The variant served: float32, float16 or int8.")
     model_type: dict[str, Any] = Field(
-        description='{"classifier": {"id2label": {...}}} or {"embedding": {"pooling": "mean"}} (or cls, max)'
+        description='{"classifier": {"id2label": {...}}}, {"reranker": {"id2label": {...}}} (a classifier of '
+        'one label) or {"embedding": {"pooling": "mean"}} (or cls, max)'
     )
     max_concurrent_requests: int = Field(description="Queued sequences per model before a 429.")
     max_input_length: int = Field(description="The model's window, in tokens.")
@@ -64,10 +65,9 @@ async def info(
 ) -> Info:
     served = named_model(c, model)
     m = served.manifest
-    if m.task == "text-classification":
-        model_type: dict[str, Any] = {
-            "classifier": {"id2label": {str(i): m.labels[i] for i in sorted(m.labels)}}
-        }
+    if m.task == "text-classification":  # one label: a cross-encoder, which TEI calls a reranker
+        kind = "reranker" if len(m.labels) == 1 else "classifier"
+        model_type: dict[str, Any] = {kind: {"id2label": {str(i): m.labels[i] for i in sorted(m.labels)}}}
     elif m.embedding is not None:
         model_type = {"embedding": {"pooling": m.embedding.pooling}}
     else:

@@ -1,8 +1,10 @@
 """Text classification: texts -> the top-k `{label, score}` pairs of each (the HF pipeline's shape).
 
-`POST /v1/classify`; `POST /predict`, text-embeddings-inference's: `inputs` one text or a batch `[[text],
-...]`, `raw_scores`, `truncate` -> every label's `{label, score}`, best first; what TEI's validation refuses
-is a 413, as TEI answers, and a pair of texts (TEI's cross-encoder input) is refused: these models read one.
+`POST /v1/classify`; `POST /predict`, text-embeddings-inference's: `inputs` one text, a pair of texts read
+together as one sequence (`["query", "document"]`, a cross-encoder's input), or a batch of either
+(`[["text"], ["query", "document"]]`), `raw_scores`, `truncate` -> every label's `{label, score}`, best first;
+what TEI's validation refuses is a 413, as TEI answers. A model of one label (a cross-encoder's relevance)
+scores by its sigmoid, as the HF pipeline does; rerank and score read such models (service.tasks.similarity).
 v2: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability), SCORES FP32 [b, num_labels]
 (every label's probability, in the manifest's label order). The engine adds the class probabilities once
 per batch.
@@ -19,6 +21,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 
 from service.exchange import Exchange
 from service.tasks.common import (
+    TextOrPair,
     answering,
     label_order,
     passed,
@@ -67,13 +70,19 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * logits))  # 1 / (1 + e^-x) without overflow warnings
+
+
 def with_probabilities(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch's outputs with its class probabilities beside the logits.
+    """A batch's outputs with its class probabilities beside the logits: a softmax over the labels, or for a
+    model of one label (a cross-encoder's relevance, a regression) its sigmoid, as the HF pipeline applies.
 
     Run on the engine thread, once per batch: a softmax per row on the event loop cost ~30 us a request
     (numpy's per-call overhead on a row of two numbers), this costs about that per batch, off the loop.
     """
-    return {**outputs, "probabilities": softmax(outputs["logits"].astype(np.float64))}
+    logits = outputs["logits"].astype(np.float64)
+    return {**outputs, "probabilities": sigmoid(logits) if logits.shape[-1] == 1 else softmax(logits)}
 
 
 def top_labels(probabilities: np.ndarray, labels: dict[int, str], top_k: int, model: str) -> list[LabelScore]:
@@ -100,8 +109,8 @@ class PredictRequest(TeiRequest):
 
     inputs: str | list[str] | list[list[str]] = Field(
         ...,
-        description='One text, or a batch of them as TEI writes it: [["text"], ["text"], ...]. A pair '
-        '(["a", "b"], [["a", "b"]]: a cross-encoder\'s input) is refused: these models read one text.',
+        description='One text, a pair of texts read together (["query", "document"]: a cross-encoder\'s '
+        'input), or a batch of either as TEI writes it: [["text"], ["query", "document"], ...].',
         examples=["I loved this film"],
     )
     raw_scores: bool = Field(False, description="Each label's logit instead of its probability.")
@@ -121,9 +130,20 @@ class Scored(Prediction):
     raw_score: float  # the label's logit (the cascade reads the probability, `score`)
 
 
-def tei_texts(inputs: str | list[str] | list[list[str]]) -> tuple[list[str], bool]:
-    """The texts of a /predict request, and whether it was a batch."""
-    pair = "a pair of texts is a cross-encoder's input, and these models read one text"
+def tei_inputs(inputs: str | list[str] | list[list[str]]) -> tuple[list[TextOrPair], bool]:
+    """The texts and pairs of a /predict request, and whether it was a batch. TEI reads a flat list as one
+    sequence: two texts are a pair, one a text."""
+
+    def sequence(item: list[str], where: str) -> TextOrPair:
+        if len(item) not in (1, 2):
+            raise InvalidInputError(
+                f"{where}: {len(item)} texts; a sequence is one text or a pair of two", param="inputs"
+            )
+        for k, text in enumerate(item):
+            if not text.strip():
+                raise InvalidInputError(f"{where}[{k}]: the text is empty", param="inputs")
+        return item[0] if len(item) == 1 else (item[0], item[1])
+
     if isinstance(inputs, str):
         if not inputs.strip():
             raise InvalidInputError("inputs: the text is empty", param="inputs")
@@ -131,32 +151,30 @@ def tei_texts(inputs: str | list[str] | list[list[str]]) -> tuple[list[str], boo
     if not inputs:
         raise InvalidInputError("inputs: the batch is empty", param="inputs")
     if all(isinstance(i, str) for i in inputs):
-        raise InvalidInputError(
-            f'inputs: TEI reads a list of texts as a pair; {pair}. A batch is [["a"], ["b"]]', param="inputs"
-        )
-    texts = []
+        return [sequence(inputs, "inputs")], False  # type: ignore[arg-type]
+    items = []
     for i, item in enumerate(inputs):
-        if not isinstance(item, list) or len(item) != 1:
-            raise InvalidInputError(f'inputs[{i}]: expected one text, ["text"] ({pair})', param="inputs")
-        if not item[0].strip():
-            raise InvalidInputError(f"inputs[{i}]: the text is empty", param="inputs")
-        texts.append(item[0])
-    return texts, True
+        if not isinstance(item, list):
+            raise InvalidInputError(
+                f'inputs[{i}]: expected ["text"] or ["query", "document"]', param="inputs"
+            )
+        items.append(sequence(item, f"inputs[{i}]"))
+    return items, True
 
 
 async def handle_predict(
     body: PredictRequest, x: Exchange, c: Collaborators
 ) -> list[Prediction] | list[list[Prediction]]:
     model = c.resolve(NAME, body.model, None, x)
-    texts, batch = tei_texts(body.inputs)
-    texts = c.texts(texts, x)
+    items, batch = tei_inputs(body.inputs)
+    c.check_batch(len(items), x)
     metrics, timeout_s = c.metrics, c.settings.request_timeout_s
 
-    async def every_label(model: ServedModel, texts: Sequence[str], x: Exchange) -> list[list[Scored]]:
-        outputs, _ = await run_texts(model, texts, body.truncate, metrics, timeout_s, x)
+    async def every_label(model: ServedModel, items: Sequence[TextOrPair], x: Exchange) -> list[list[Scored]]:
+        outputs, _ = await run_texts(model, items, body.truncate, metrics, timeout_s, x)
         return [_scored(o, model) for o in outputs]
 
-    rows = await c.pairs.answer(model, texts, every_label, body.cascade_threshold, x)
+    rows = await c.pairs.answer(model, items, every_label, body.cascade_threshold, x)
     answers = [
         [
             Prediction(

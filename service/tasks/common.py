@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
+TextOrPair = str | tuple[str, str]  # a text, or two read together (a cross-encoder's query and document)
 
 
 class TextsRequest(Protocol):
@@ -126,21 +127,45 @@ def fit_window(
 
 async def run_texts(
     model: ServedModel,
-    texts: Sequence[str],
+    texts: Sequence[TextOrPair],
     truncate: bool | None,
     metrics: Metrics,
     timeout_s: float,
     x: Exchange,
     labels: Sequence[str] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], int]:
-    """Each text's graph outputs (checked, tokenized, fitted to the window by `fit_window`'s rule, batched by
-    the engine) and the tokens the texts took. `labels`: what messages call each text (default: by
-    position)."""
-    check_chars(texts, x, labels=labels)
+    """Each text's (or pair's) graph outputs (checked, tokenized, fitted to the window by `fit_window`'s
+    rule, batched by the engine) and the tokens they took. `labels`: what messages call each (default: by
+    position). A pair is tokenized as one sequence of two segments, the longer cut first at the window."""
+    for i, item in enumerate(texts):
+        if not isinstance(item, str):
+            named = where(i, len(texts), labels=labels)
+            check_chars(item, x, labels=[f"{named}, text 1", f"{named}, text 2"])
+    check_chars([t for t in texts if isinstance(t, str)], x, labels=_of_texts(texts, labels))
     with tokenizing(metrics, model, x):
-        encoded = model.encoder.encode(texts)
+        encoded = _encoded(model, texts)
     fit_window(encoded, model.encoder.max_length, x, truncate, labels)
     return await run_all(model, encoded, timeout_s, x), sum(len(e) for e in encoded)
+
+
+def _of_texts(items: Sequence[TextOrPair], labels: Sequence[str] | None) -> list[str] | None:
+    """The labels of the single texts among `items` (None: all are single texts, named by position)."""
+    if all(isinstance(item, str) for item in items):
+        return None if labels is None else list(labels)
+    return [where(i, len(items), labels=labels) for i, item in enumerate(items) if isinstance(item, str)]
+
+
+def _encoded(model: ServedModel, items: Sequence[TextOrPair]) -> list[EncodedText]:
+    """Texts and pairs tokenized, in their order (each kind in one batch call)."""
+    texts = [(i, item) for i, item in enumerate(items) if isinstance(item, str)]
+    if len(texts) == len(items):
+        return model.encoder.encode([text for _, text in texts])
+    pairs = [(i, item) for i, item in enumerate(items) if not isinstance(item, str)]
+    encoded: dict[int, EncodedText] = {}
+    if texts:
+        encoded.update(zip([i for i, _ in texts], model.encoder.encode([t for _, t in texts]), strict=True))
+    encoded.update(zip([i for i, _ in pairs], model.encoder.encode_pairs([p for _, p in pairs]), strict=True))
+    return [encoded[i] for i in range(len(items))]
 
 
 @contextmanager

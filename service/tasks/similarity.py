@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal, NotRequired
+from typing import TYPE_CHECKING, Annotated, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
 from service.tasks import retrieval
+from service.tasks.classification import NAME as CLASSIFICATION
+from service.tasks.common import run_texts
 from service.tasks.contract import Collaborators, Endpoint, InvalidInputError, TeiEmbeddingRequest, Texts
 from service.tasks.vectors import EMBEDDINGS, cosines
+
+if TYPE_CHECKING:
+    from service.served import ServedModel
 
 Text = Annotated[str, StringConstraints(strict=True, min_length=1, pattern=r"\S")]
 
@@ -157,22 +162,58 @@ def labelled(field: str, texts: str | list[str]) -> list[str]:
     return [field] if isinstance(texts, str) else [f"{field}[{i}]" for i in range(len(texts))]
 
 
+def cross_encoder(model: ServedModel) -> bool:
+    """A classifier of one label reads a query and a document together and answers their relevance."""
+    return model.manifest.task == CLASSIFICATION and len(model.manifest.labels) == 1
+
+
+def ranking_model(name: str | None, c: Collaborators, x: Exchange, cross: bool = True) -> ServedModel:
+    """The model named, else the first embedding model, else (`cross`) the first cross-encoder."""
+    if name is not None:
+        model = c.registry.get(name)
+        if model.manifest.task != EMBEDDINGS and not (cross and cross_encoder(model)):
+            can = "a sentence-embeddings model or a cross-encoder (a text-classification model of one label)"
+            raise InvalidInputError(
+                f"model {name!r} serves {model.manifest.task} ({len(model.manifest.labels)} labels); ranking "
+                f"needs {can if cross else 'a sentence-embeddings model'}",
+                param="model",
+            )
+    else:  # the first embedding model; with none served, the first cross-encoder; with neither, a 404
+        crossing = sorted({m.name for m in c.registry.all() if cross and cross_encoder(m)})
+        serving = any(m.manifest.task == EMBEDDINGS for m in c.registry.all())
+        model = c.registry.get(crossing[0]) if crossing and not serving else c.registry.resolve(EMBEDDINGS)
+    x.serve(model.name, model.manifest.task, model.stats)
+    return model
+
+
 async def _scores(
-    model_name: str | None,
+    model: ServedModel,
     queries: tuple[str, str | list[str]],
     documents: tuple[str, list[str]],
     truncate: bool | None,
     c: Collaborators,
     x: Exchange,
-) -> tuple[str, list[list[float]], int]:
-    """The model that answered, each query's cosine with each document, and the tokens embedded. Queries and
-    documents come as (the request's field, its texts)."""
-    model = c.resolve(EMBEDDINGS, model_name, None, x)
+    by_pair: bool = False,
+    raw: bool = False,
+) -> tuple[list[float], int]:
+    """Each document's score against the query (`by_pair`: document i's against query i), and the tokens
+    read. Queries and documents come as (the request's field, its texts). An embedding model: the cosine of
+    their vectors; a cross-encoder: the pair read together, its relevance's sigmoid (`raw`: the logit)."""
     firsts = [queries[1]] if isinstance(queries[1], str) else queries[1]
-    c.check_batch(len(firsts) + len(documents[1]), x)
     labels = (labelled(*queries), labelled(*documents))
+    query_of = [i if by_pair else 0 for i in range(len(documents[1]))]
+    if cross_encoder(model):
+        c.check_batch(len(documents[1]), x)
+        pairs = [(firsts[q], d) for q, d in zip(query_of, documents[1], strict=True)]
+        named = [f"{labels[0][q]} with {d}" for q, d in zip(query_of, labels[1], strict=True)]
+        outputs, tokens = await run_texts(
+            model, pairs, truncate, c.metrics, c.settings.request_timeout_s, x, named
+        )
+        return [float(o["logits" if raw else "probabilities"][0]) for o in outputs], tokens
+    c.check_batch(len(firsts) + len(documents[1]), x)
     rows = await retrieval.embedded(model, firsts, documents[1], truncate, c, x, labels)
-    return model.name, cosines(rows[0], rows[1]).tolist(), rows[2]
+    table = cosines(rows[0], rows[1])
+    return [float(table[q, j]) for j, q in enumerate(query_of)], rows[2]
 
 
 def _best_first(scores: list[float], top_n: int | None) -> list[int]:
@@ -182,14 +223,17 @@ def _best_first(scores: list[float], top_n: int | None) -> list[int]:
 
 async def handle_rerank(body: RerankRequest, x: Exchange, c: Collaborators) -> RerankResponse:
     texts = body.ranked()
-    query, documents = ("query", body.query), ("documents", texts)
-    name, (scores,), tokens = await _scores(body.model, query, documents, None, c, x)
+    model = ranking_model(body.model, c, x)
+    scores, tokens = await _scores(model, ("query", body.query), ("documents", texts), None, c, x)
     results = [RerankResult(index=i, relevance_score=scores[i]) for i in _best_first(scores, body.top_n)]
     if body.return_documents:
         for result in results:
             result["document"] = RerankDocument(text=texts[result["index"]])
     return RerankResponse(
-        id=f"rerank-{uuid.uuid4().hex}", model=name, usage=RerankUsage(total_tokens=tokens), results=results
+        id=f"rerank-{uuid.uuid4().hex}",
+        model=model.name,
+        usage=RerankUsage(total_tokens=tokens),
+        results=results,
     )
 
 
@@ -200,7 +244,9 @@ async def handle_either(
     if body.texts is None:
         return await handle_rerank(body, x, c)
     texts = body.texts
-    _, (scores,), _ = await _scores(body.model, ("query", body.query), ("texts", texts), body.truncate, c, x)
+    model = ranking_model(body.model, c, x)
+    query, documents = ("query", body.query), ("texts", texts)
+    scores, _ = await _scores(model, query, documents, body.truncate, c, x, raw=body.raw_scores)
     ranks = [TeiRank(index=i, score=scores[i]) for i in _best_first(scores, body.top_n)]
     if body.return_text:
         for rank in ranks:
@@ -226,27 +272,25 @@ def paired(text_1: str | list[str], text_2: str | list[str]) -> bool:
 async def handle_score(body: ScoreRequest, x: Exchange, c: Collaborators) -> ScoreResponse:
     by_pair = paired(body.text_1, body.text_2)
     documents = [body.text_2] if isinstance(body.text_2, str) else body.text_2
-    name, table, tokens = await _scores(
-        body.model, ("text_1", body.text_1), ("text_2", documents), None, c, x
+    model = ranking_model(body.model, c, x)
+    scores, tokens = await _scores(
+        model, ("text_1", body.text_1), ("text_2", documents), None, c, x, by_pair=by_pair
     )
-    scores = [table[i][i] for i in range(len(documents))] if by_pair else table[0]
     return ScoreResponse(
         id=f"score-{uuid.uuid4().hex}",
         object="list",
         created=int(time.time()),
-        model=name,
+        model=model.name,
         data=[ScoreData(index=i, object="score", score=s) for i, s in enumerate(scores)],
         usage=ScoreUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
 
 
 async def handle_similarity(body: SimilarityRequest, x: Exchange, c: Collaborators) -> list[float]:
-    inputs = body.inputs
-    query, documents = (
-        ("inputs.source_sentence", inputs.source_sentence),
-        ("inputs.sentences", inputs.sentences),
-    )
-    _, (scores,), _ = await _scores(body.model, query, documents, body.truncate, c, x)
+    """TEI's, for embedding models only (as TEI serves it)."""
+    model = ranking_model(body.model, c, x, cross=False)
+    query = ("inputs.source_sentence", body.inputs.source_sentence)
+    scores, _ = await _scores(model, query, ("inputs.sentences", body.inputs.sentences), body.truncate, c, x)
     return scores
 
 

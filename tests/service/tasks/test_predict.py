@@ -1,6 +1,6 @@
 """text-embeddings-inference's /predict over the tiny classifier pair (conftest's `pair_repository`): every
-label of a text, TEI's batch shape, logits on request, the cascade as on /v1/classify, and TEI's 413 for
-what its validation refuses."""
+label of a text, TEI's batch shape, pairs of texts read together, logits on request, the cascade as on
+/v1/classify, and TEI's 413 for what its validation refuses. (Pairs against PyTorch: test_cross_encoders.)"""
 
 from __future__ import annotations
 
@@ -51,6 +51,17 @@ def test_a_batch_is_a_list_of_one_text_lists_and_gets_a_list_each(client: TestCl
     assert got == classify(client, TEXTS, "cls-teacher")
 
 
+def test_a_pair_is_read_as_one_sequence_alone_or_in_a_batch_beside_single_texts(client: TestClient) -> None:
+    pair = predict(client, {"inputs": TEXTS, "model": "cls-teacher"})  # TEI: a flat list of two is a pair
+    assert pair != predict(client, {"inputs": TEXTS[0], "model": "cls-teacher"})
+    mixed = predict(client, {"inputs": [[TEXTS[0]], TEXTS, [TEXTS[1]]], "model": "cls-teacher"})
+    assert mixed == [
+        *classify(client, TEXTS[:1], "cls-teacher"),
+        pair,
+        *classify(client, TEXTS[1:], "cls-teacher"),
+    ]
+
+
 def test_raw_scores_are_the_logits_behind_the_probabilities(client: TestClient) -> None:
     for text in TEXTS:
         body = {"inputs": text, "model": "cls-teacher"}
@@ -77,11 +88,13 @@ def test_a_student_hands_its_unsure_texts_to_its_teacher_as_on_v1_classify(clien
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"inputs": ["a text", "another"]}, 413, "TEI reads a list of texts as a pair"),
-        ({"inputs": [["a text", "another"]]}, 413, "inputs[0]: expected one text"),
+        ({"inputs": ["a", "b", "c"]}, 413, "inputs: 3 texts; a sequence is one text or a pair of two"),
+        ({"inputs": [["a text", "another", "a third"]]}, 413, "inputs[0]: 3 texts"),
+        ({"inputs": [["ok"], []]}, 413, "inputs[1]: 0 texts"),
         ({"inputs": []}, 413, "the batch is empty"),
         ({"inputs": " "}, 413, "the text is empty"),
-        ({"inputs": [["ok"], [""]]}, 413, "inputs[1]: the text is empty"),
+        ({"inputs": [["ok"], [""]]}, 413, "inputs[1][0]: the text is empty"),
+        ({"inputs": [["ok", " "]]}, 413, "inputs[0][1]: the text is empty"),
         ({"inputs": "word " * 500, "truncate": False}, 413, "truncate: true cuts it"),
         ({"inputs": "a text", "model": "qa"}, 422, "serves question-answering"),
         ({"inputs": 3}, 422, "inputs"),

@@ -155,7 +155,11 @@ def test_a_text_past_the_window_is_refused_only_when_told_not_to_truncate(client
         ("/v1/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents"),
         ("/v1/rerank", {"query": QUERY, "documents": [{"txt": "a"}]}, "documents"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0}, "greater than or equal to 1"),
-        ("/v1/rerank", {"query": QUERY, "documents": ["a"], "model": CLASSIFIER}, "not sentence-embeddings"),
+        (
+            "/v1/rerank",
+            {"query": QUERY, "documents": ["a"], "model": CLASSIFIER},
+            "(2 labels); ranking needs",
+        ),
         ("/v1/rerank", {"query": QUERY, "documents": ["a"] * 10_000}, "items, at most"),
         ("/v1/score", {"text_1": DOCUMENTS[:2], "text_2": DOCUMENTS}, "text_1 has 2 texts and text_2 4"),
         ("/v1/score", {"text_1": [], "text_2": "a"}, "the list of texts is empty"),
