@@ -6,11 +6,16 @@ embedding is kept in a bounded least-recently-used cache keyed by the sha256 of 
 version and the text: a repeated passage costs a hash and a lookup, not an engine call. The cache lives in
 each frontend process (`DISTILSERVE_PASSAGE_CACHE` entries, 0: none); hits and misses are counted per
 embedding model. The question itself is never cached (it changes with every request) and is embedded in
-the same engine request as the passages that missed.
+the same engine request as the passages that missed. A passage another request is embedding right now is
+awaited, not embedded again (clients that send one document set with many queries at once would otherwise
+each embed all of it); should that request fail, the ones waiting embed it themselves. Texts are looked up
+only where the request would cut a text past the window (the server's policy, or `truncate: true`): a
+cached vector may be of a cut text, and a request that refuses those must see each text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,6 +41,7 @@ class PassageCache:
         self.capacity = capacity
         self._metrics = metrics
         self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._embedding: dict[bytes, asyncio.Future[np.ndarray | None]] = {}  # in flight, by another request
 
     def __len__(self) -> int:
         return len(self._vectors)
@@ -61,6 +67,26 @@ class PassageCache:
         self._vectors.move_to_end(key)
         while len(self._vectors) > self.capacity:
             self._vectors.popitem(last=False)
+
+    def in_flight(self, key: bytes) -> asyncio.Future[np.ndarray | None] | None:
+        """The vector another request is embedding now (None when it fails: embed it yourself)."""
+        return self._embedding.get(key)
+
+    def claim(self, keys: Sequence[bytes]) -> None:
+        """This request embeds these: others asking meanwhile wait for it."""
+        if self.capacity == 0:
+            return
+        loop = asyncio.get_running_loop()
+        for key in keys:
+            self._embedding[key] = loop.create_future()
+
+    def settle(self, key: bytes, vector: np.ndarray | None) -> None:
+        """A claimed text's vector (kept), or None when its request failed; whoever waits gets it."""
+        waiting = self._embedding.pop(key, None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(vector)
+        if vector is not None:
+            self.put(key, vector)
 
     def count(self, model: ServedModel, hits: int, misses: int) -> None:
         self._metrics.passage_cache_hits.labels(model.name).inc(hits)
@@ -94,34 +120,73 @@ async def embedded(
     x: Exchange,
     labels: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The rows of `queries` (embedded afresh) and of `documents` (from the passage cache where held), in one
-    engine request for all that missed; and the tokens embedded. A text repeated among the documents is
-    embedded once. `labels`: what a message calls each query and each document (the request's fields)."""
+    """The rows of `queries` (embedded afresh) and of `documents` (from the passage cache where held, or
+    from the request embedding them now), in one engine request for all the rest; and the tokens embedded.
+    A text repeated among the documents is embedded once. `labels`: what a message calls each query and
+    each document (the request's fields)."""
     cache = c.passages
+    cached = truncate is True or (truncate is None and x.limits.truncation == "truncate")
     keys = [cache.key(model, text) for text in documents]
     vectors: dict[bytes, np.ndarray] = {}
-    missing: dict[bytes, int] = {}  # key -> the first document holding the text
-    hits = 0
+    waiting: dict[bytes, asyncio.Future[np.ndarray | None]] = {}
+    mine: dict[bytes, int] = {}  # key -> the first document holding the text, embedded here
     for j, key in enumerate(keys):
-        found = cache.get(key)
+        if key in vectors or key in waiting or key in mine:
+            continue
+        found = cache.get(key) if cached else None
+        in_flight = cache.in_flight(key) if cached else None
         if found is not None:
             vectors[key] = found
-            hits += 1
-        elif key in missing:
-            hits += 1
+        elif in_flight is not None:
+            waiting[key] = in_flight
         else:
-            missing[key] = j
-    cache.count(model, hits, len(missing))
-    texts = [*queries, *(documents[j] for j in missing.values())]
-    named = None if labels is None else [*labels[0], *(labels[1][j] for j in missing.values())]
+            mine[key] = j
+    cache.count(model, len(keys) - len(mine), len(mine))
+    if cached:
+        cache.claim(list(mine))
+    try:
+        rows, tokens = await _embed(model, queries, documents, list(mine.values()), truncate, c, x, labels)
+    except BaseException:
+        for key in mine if cached else ():
+            cache.settle(key, None)
+        raise
+    for key, row in zip(mine, rows[len(queries) :], strict=True):
+        vectors[key] = row
+        if cached:
+            cache.settle(key, row)
+    failed = []
+    for key, future in waiting.items():
+        vector = await future
+        if vector is None:
+            failed.append(keys.index(key))
+        else:
+            vectors[key] = vector
+    if failed:  # the request that was embedding them failed: this one embeds them (rare)
+        again, more = await _embed(model, [], documents, failed, truncate, c, x, labels)
+        tokens += more
+        vectors.update((keys[j], row) for j, row in zip(failed, again, strict=True))
+    return rows[: len(queries)], np.stack([vectors[key] for key in keys]), tokens
+
+
+async def _embed(
+    model: ServedModel,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    which: list[int],
+    truncate: bool | None,
+    c: Collaborators,
+    x: Exchange,
+    labels: tuple[Sequence[str], Sequence[str]] | None,
+) -> tuple[np.ndarray, int]:
+    """The queries' rows and those of documents[which], in one engine request."""
+    texts = [*queries, *(documents[j] for j in which)]
+    named = None if labels is None else [*labels[0], *(labels[1][j] for j in which)]
+    if not texts:
+        return np.zeros((0, 0), np.float32), 0
     outputs, tokens = await run_texts(
         model, texts, truncate, c.metrics, c.settings.request_timeout_s, x, named
     )
-    rows = stacked(outputs, embedding_spec(model).output)
-    for key, row in zip(missing, rows[len(queries) :], strict=True):
-        vectors[key] = row
-        cache.put(key, row)
-    return rows[: len(queries)], np.stack([vectors[key] for key in keys]), tokens
+    return stacked(outputs, embedding_spec(model).output), tokens
 
 
 async def retrieve(
