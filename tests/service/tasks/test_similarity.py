@@ -16,6 +16,7 @@ from service.api.auth import ApiKeyMiddleware
 from service.app import create_app
 from service.settings import Settings
 from tests.export.test_embeddings_export import build_sentence_model, write_sentences
+from tests.service.live_server import live_server
 from tests.service.tasks.test_embeddings import LONG, token_count, torch_embeddings
 
 EMBED = "embed"
@@ -83,6 +84,26 @@ def test_rerank_ranks_documents_by_pytorchs_cosine_best_first(
     assert all("document" not in r for r in top["results"])
     beyond = client.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": 99}).json()
     assert len(beyond["results"]) == len(DOCUMENTS)
+
+
+def test_coheres_official_client_reranks_through_v1_and_v2(built: dict[str, Path]) -> None:
+    cohere = pytest.importorskip("cohere")
+    expected = cosines(built[EMBED], [QUERY], DOCUMENTS)[0]
+    order = np.argsort(-expected, kind="stable").tolist()
+    with live_server(built["repository"]) as server:
+        v2 = cohere.ClientV2(api_key="unused", base_url=server.base_url)
+        ranked = v2.rerank(model=EMBED, query=QUERY, documents=DOCUMENTS, top_n=3)
+        assert [r.index for r in ranked.results] == order[:3]
+        np.testing.assert_allclose(
+            [r.relevance_score for r in ranked.results], expected[order[:3]], atol=1e-5
+        )
+        v1 = cohere.Client(api_key="unused", base_url=server.base_url)
+        every = v1.rerank(model=EMBED, query=QUERY, documents=DOCUMENTS, return_documents=True)
+        assert [r.index for r in every.results] == order
+        assert [r.document.text for r in every.results] == [DOCUMENTS[i] for i in order]
+        with pytest.raises(cohere.core.api_error.ApiError) as refused:
+            v2.rerank(model=CLASSIFIER, query=QUERY, documents=DOCUMENTS)
+        assert refused.value.status_code == 400 and "ranking needs" in str(refused.value.body)
 
 
 def test_documents_seen_before_come_from_the_cache_and_cost_no_tokens(
