@@ -73,6 +73,7 @@ OPENAI_PATHS = (
     "/v1/embeddings",
     "/v1/models/",
     "/v1/score",  # vLLM's, as its rerank routes: its errors are OpenAI's shape
+    "/score",
     "/v1/rerank",
     "/v2/rerank",
 )

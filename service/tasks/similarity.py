@@ -1,19 +1,22 @@
-"""Rerank, score and similarity with an embedding model: a query against documents, by cosine.
+"""Rerank, score and similarity: a query against documents, by an embedding model or a cross-encoder.
 
 Search ranks cheaply first: each document embedded once (kept in the passage cache that retrieve-then-read QA
-fills, service.tasks.retrieval), each query embedded and compared. In the shapes clients already send:
+fills, service.tasks.retrieval), each query embedded and compared by cosine; then, where it pays, a
+cross-encoder (a text-classification model of one label) reads each (query, document) pair together. In the
+shapes clients already send:
 
 - `POST /v1/rerank`, `/v2/rerank`, `/rerank` (Jina's and Cohere's, as vLLM serves them): `query`, `documents`
   (texts, or `{"text"}` objects), `top_n`, `return_documents` -> `{"id", "model", "usage", "results":
   [{"index", "relevance_score", "document": {"text"}}]}`, best first.
 - `POST /rerank` with `texts` instead of `documents` (text-embeddings-inference's): `return_text`,
   `truncate` -> `[{"index", "score", "text"?}]`, best first.
-- `POST /v1/score` (vLLM's): `text_1` and `text_2`, each a text or a list: one against each (1:N) or pair by
-  pair (N:N) -> `data: [{"index", "object": "score", "score"}]`.
+- `POST /v1/score`, `/score` (vLLM's): `text_1` and `text_2`, each a text or a list: one against each (1:N)
+  or pair by pair (N:N) -> `data: [{"index", "object": "score", "score"}]`.
 - `POST /similarity` (TEI's): `{"inputs": {"source_sentence", "sentences"}}` -> `[float]`.
 
-Every score is a cosine in [-1, 1]: these models embed each text alone (bi-encoders). A cross-encoder reads
-the pair together and answers a logit; none is served here, so TEI's `raw_scores` changes nothing.
+An embedding model's score is a cosine in [-1, 1] (TEI's `raw_scores` changes nothing); a cross-encoder's
+is its relevance logit's sigmoid, or with `raw_scores` the logit. /similarity is TEI's, for embedding models
+only. Without `model`: the first embedding model, else the first cross-encoder.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class RerankRequest(BaseModel):
     documents: list[Text | Document] = Field(
         ..., description='The texts to rank (or {"text"} objects).', min_length=1
     )
-    top_n: int | None = Field(None, ge=1, description="Return only the best N (default: all).")
+    top_n: int | None = Field(None, ge=0, description="Return only the best N (default, or 0 as vLLM: all).")
     return_documents: bool = Field(True, description="Each result carries its document.")
 
     def ranked(self) -> list[str]:
@@ -309,14 +312,17 @@ ENDPOINTS = (
         handle_either,
         tags=TAGS,
     ),
-    Endpoint(
-        "/v1/score",
-        ScoreRequest,
-        ScoreResponse,
-        "vLLM's score: the cosine of each pair of texts (one against many, or pair by pair).",
-        handle_score,
-        "openai",
-        TAGS,
+    *(
+        Endpoint(
+            path,
+            ScoreRequest,
+            ScoreResponse,
+            "vLLM's score: each pair's cosine or cross-encoder relevance (one against many, or by pair).",
+            handle_score,
+            "openai",
+            TAGS,
+        )
+        for path in ("/v1/score", "/score")
     ),
     Endpoint(
         "/similarity",

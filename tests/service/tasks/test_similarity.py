@@ -82,8 +82,9 @@ def test_rerank_ranks_documents_by_pytorchs_cosine_best_first(
     ).json()
     assert [r["index"] for r in top["results"]] == [r["index"] for r in results[:2]]
     assert all("document" not in r for r in top["results"])
-    beyond = client.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": 99}).json()
-    assert len(beyond["results"]) == len(DOCUMENTS)
+    for top_n in (99, 0):  # past the documents, or vLLM's 0: all of them
+        every = client.post("/rerank", json={"query": QUERY, "documents": DOCUMENTS, "top_n": top_n}).json()
+        assert len(every["results"]) == len(DOCUMENTS)
 
 
 def test_coheres_official_client_reranks_through_v1_and_v2(built: dict[str, Path]) -> None:
@@ -141,7 +142,7 @@ def test_score_pairs_one_against_many_or_pair_by_pair(client: TestClient, built:
 
     pairs = client.post("/v1/score", json={"text_1": DOCUMENTS[:2], "text_2": DOCUMENTS[2:]}).json()
     np.testing.assert_allclose([d["score"] for d in pairs["data"]], [table[0, 2], table[1, 3]], atol=1e-5)
-    single = client.post("/v1/score", json={"text_1": [DOCUMENTS[1]], "text_2": DOCUMENTS[3]}).json()
+    single = client.post("/score", json={"text_1": [DOCUMENTS[1]], "text_2": DOCUMENTS[3]}).json()
     np.testing.assert_allclose([d["score"] for d in single["data"]], [table[1, 3]], atol=1e-5)
 
 
@@ -175,7 +176,7 @@ def test_a_text_past_the_window_is_refused_only_when_told_not_to_truncate(client
         ("/v1/rerank", {"query": QUERY, "documents": []}, "at least 1 item"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a", ""]}, "documents"),
         ("/v1/rerank", {"query": QUERY, "documents": [{"txt": "a"}]}, "documents"),
-        ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0}, "greater than or equal to 1"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": -1}, "greater than or equal to 0"),
         (
             "/v1/rerank",
             {"query": QUERY, "documents": ["a"], "model": CLASSIFIER},
