@@ -76,6 +76,23 @@ def write_sentences(out: Path) -> Path:
     return out
 
 
+def serving_repository(root: Path, embedders: dict[str, Path], classifiers: dict[str, Path]) -> Path:
+    """`root/models` holding each sentence-embeddings model (gated on the sentences above) and each
+    text-classification model, fp32, as the service tests serve them."""
+    from export.pipeline import export_model
+
+    repository = root / "models"
+    sentences = write_sentences(root / "eval.txt")
+    for task, models, eval_data in (
+        ("sentence-embeddings", embedders, sentences),
+        ("text-classification", classifiers, None),
+    ):
+        for name, model_dir in models.items():
+            result = export_model(model_dir, task, name, repository, ("fp32",), eval_data=eval_data)  # type: ignore[arg-type]
+            assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
+    return repository
+
+
 def export_cli(model_dir: Path, name: str, repository: Path, eval_data: Path, variants: str) -> Path:
     args = [str(model_dir), "--task", "sentence-embeddings", "--name", name, "--repository", str(repository)]
     result = CliRunner().invoke(app, [*args, "--eval-data", str(eval_data), "--variants", variants])

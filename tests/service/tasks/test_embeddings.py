@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from service.api.auth import ApiKeyMiddleware
 from service.app import create_app
 from service.settings import Settings
-from tests.export.test_embeddings_export import WINDOW, build_sentence_model, write_sentences
+from tests.export.test_embeddings_export import WINDOW, build_sentence_model, serving_repository
 from tests.service.live_server import LiveServer, live_server
 from training.embeddings import Pooling
 
@@ -31,23 +31,15 @@ LONG = "Acme was founded by John Smith in 1950 in the city of Springfield. " * 1
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The two embedding models' HF directories and a repository serving them beside a classifier."""
-    from export.pipeline import export_model
     from tests.tiny_models import build_tiny
 
     root = tmp_path_factory.mktemp("embeddings-service")
-    repository = root / "models"
-    eval_data = write_sentences(root / "eval.txt")
-    dirs = {
+    embedders = {
         EMBED: build_sentence_model(root / EMBED),
         RAW: build_sentence_model(root / RAW, Pooling("cls", normalize=False), projection=16, seed=1),
-        CLASSIFIER: build_tiny("text-classification", root / CLASSIFIER),
     }
-    for name, model_dir in dirs.items():
-        task = "text-classification" if name == CLASSIFIER else "sentence-embeddings"
-        sentences = None if name == CLASSIFIER else eval_data
-        result = export_model(model_dir, task, name, repository, ("fp32",), eval_data=sentences)  # type: ignore[arg-type]
-        assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
-    return {**dirs, "repository": repository}
+    classifiers = {CLASSIFIER: build_tiny("text-classification", root / CLASSIFIER)}
+    return {**embedders, **classifiers, "repository": serving_repository(root, embedders, classifiers)}
 
 
 @pytest.fixture(scope="module")

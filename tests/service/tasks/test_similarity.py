@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from service.api.auth import ApiKeyMiddleware
 from service.app import create_app
 from service.settings import Settings
-from tests.export.test_embeddings_export import build_sentence_model, write_sentences
+from tests.export.test_embeddings_export import build_sentence_model, serving_repository
 from tests.service.live_server import live_server
 from tests.service.tasks.test_embeddings import LONG, token_count, torch_embeddings
 
@@ -32,22 +32,15 @@ DOCUMENTS = [
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from export.pipeline import export_model
     from tests.tiny_models import build_tiny
 
     root = tmp_path_factory.mktemp("similarity-service")
-    repository = root / "models"
-    dirs = {
-        EMBED: build_sentence_model(root / EMBED),
-        CLASSIFIER: build_tiny("text-classification", root / CLASSIFIER),
-    }
-    eval_data = write_sentences(root / "eval.txt")
-    for name, model_dir in dirs.items():
-        task = "text-classification" if name == CLASSIFIER else "sentence-embeddings"
-        sentences = None if name == CLASSIFIER else eval_data
-        result = export_model(model_dir, task, name, repository, ("fp32",), eval_data=sentences)  # type: ignore[arg-type]
-        assert result.version_dir is not None, [(r.variant, r.problems) for r in result.variants]
-    return {**dirs, "repository": repository}
+    embed, classifier = (
+        build_sentence_model(root / EMBED),
+        build_tiny("text-classification", root / CLASSIFIER),
+    )
+    repository = serving_repository(root, {EMBED: embed}, {CLASSIFIER: classifier})
+    return {EMBED: embed, CLASSIFIER: classifier, "repository": repository}
 
 
 @pytest.fixture(scope="module")
