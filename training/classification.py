@@ -55,8 +55,13 @@ def model_label_ids(data: ClassificationData, label2id: Mapping[str, int]) -> li
 def encode(
     data: ClassificationData, tokenizer: PreTrainedTokenizerBase, label2id: Mapping[str, int], max_length: int
 ) -> list[Features]:
-    """Tokenise once, unpadded: padding happens per batch, to that batch's longest example."""
-    encoded = tokenizer(texts(data), truncation=True, max_length=max_length)
+    """Tokenise once, unpadded: padding happens per batch, to that batch's longest example. Pairs are
+    read as one sequence of two segments, the longer cut first (as the service reads them)."""
+    pairs = [example.pair for example in data.examples]
+    if pairs and pairs[0] is not None:
+        encoded = tokenizer(texts(data), pairs, truncation="longest_first", max_length=max_length)
+    else:
+        encoded = tokenizer(texts(data), truncation=True, max_length=max_length)
     to_model = model_label_ids(data, label2id)
     keys = [key for key in tokenizer.model_input_names if key in encoded]
     return [

@@ -1,8 +1,10 @@
-"""`python -m training general-distill | augment-qa`: the stages around task distillation.
+"""`python -m training general-distill | augment-qa | cross-encoder`: the stages around task distillation.
 
 general-distill teaches a student cut from the teacher the teacher's hidden states on unlabelled text before
 any task data (training/general.py); augment-qa widens QA training data with teacher-answered questions
-(training/qa_augment.py). Both then feed `distill` (`--student-init`, `--train`).
+(training/qa_augment.py). Both then feed `distill` (`--student-init`, `--train`). cross-encoder folds a
+trained two-label relevance classifier (pairs of texts) into the one-label reranker the service ranks with
+(training/relevance.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from training.general import general_distill
 from training.models import load_trained
 from training.qa_augment import augment
 from training.recipes import distill_config
+from training.relevance import as_cross_encoder
 from training.runs import check_local, fast_tokenizer
 
 
@@ -148,3 +151,18 @@ def augment_qa_command(
         f"{out}: {counts['original']} questions as given + {counts['augmented']} answered by the teacher",
         soft_wrap=True,
     )
+
+
+@app.command(name="cross-encoder")
+def cross_encoder_command(
+    model: Path = typer.Argument(..., exists=True, file_okay=False, help="A trained two-label classifier."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="The one-label cross-encoder to write."),
+    relevant: str = typer.Option("positive", "--relevant", help="The label that means relevant."),
+) -> None:
+    """A relevance classifier trained on (query, document) pairs as a reranker: one label, whose logit is
+    the log-odds of `--relevant` (its sigmoid is the classifier's probability of it), as rerankers are served
+    (/rerank, /v1/rerank, /v1/score)."""
+    check_out(out, str(model), "model")
+    with user_errors():
+        as_cross_encoder(model, out, relevant)
+    line_console().print(f"{out}: a cross-encoder of one label, {relevant!r}", soft_wrap=True)

@@ -20,7 +20,8 @@ from training.data.types import Answer, ClassificationData, ClassificationExampl
 
 T = TypeVar("T")
 
-TEXT_COLUMNS = ("sentence", "text")
+TEXT_COLUMNS = ("sentence", "text", "sentence1")
+PAIR_COLUMNS = ("text_pair", "sentence2")  # a second text read with the first, in every row or none
 LABEL_COLUMN = "label"
 BINARY_LABEL_NAMES = ["negative", "positive"]
 
@@ -52,6 +53,9 @@ def load_classification(path: Path | str) -> ClassificationData:
         )
     if not rows:
         raise ValueError(f"{file}: no examples found")
+    single = next((r for r in rows if r[3] is None), None)
+    if single is not None and any(r[3] is not None for r in rows):
+        raise ValueError(f"{file}:{single[0]}: no second text, where other rows have one: every row or none")
     examples, names = _encode_labels(file, rows)
     return ClassificationData(examples=examples, label_names=names, source=str(path))
 
@@ -69,8 +73,8 @@ def _reading(file: Path, newline: str | None = None) -> Iterator[TextIO]:
         ) from None
 
 
-# (line number, text, raw label) before labels are mapped to ids.
-_Row = tuple[int, str, int | str]
+# (line number, text, raw label, the second text of a pair) before labels are mapped to ids.
+_Row = tuple[int, str, int | str, str | None]
 
 
 def _read_jsonl_rows(file: Path) -> list[_Row]:
@@ -86,13 +90,15 @@ def _read_jsonl_rows(file: Path) -> list[_Row]:
                 raise ValueError(f"{file}:{lineno}: invalid JSON: {err.msg}") from err
             if not isinstance(obj, dict):
                 raise ValueError(f"{file}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            text, label = obj.get("text"), obj.get("label")
+            text, label, pair = obj.get("text"), obj.get("label"), obj.get("text_pair")
             if not isinstance(text, str):
                 raise ValueError(f"{file}:{lineno}: 'text' must be a string")
+            if pair is not None and not isinstance(pair, str):
+                raise ValueError(f"{file}:{lineno}: 'text_pair' must be a string")
             # bool is an int subclass; a true/false label is almost certainly a mistake.
             if isinstance(label, bool) or not isinstance(label, (str, int)):
                 raise ValueError(f"{file}:{lineno}: 'label' must be a string or an integer")
-            rows.append((lineno, text.strip(), label))
+            rows.append((lineno, text.strip(), label, None if pair is None else pair.strip()))
     return rows
 
 
@@ -116,6 +122,7 @@ def _read_table_rows(file: Path, delimiter: str) -> list[_Row]:
                 f"and a {LABEL_COLUMN!r} column, got {header}"
             )
         label_col = columns.index(LABEL_COLUMN)
+        pair_col = next((columns.index(c) for c in PAIR_COLUMNS if c in columns), None)
         for record in reader:
             lineno = reader.line_num
             if not record or not any(field.strip() for field in record):
@@ -126,7 +133,8 @@ def _read_table_rows(file: Path, delimiter: str) -> list[_Row]:
             if not raw:
                 raise ValueError(f"{file}:{lineno}: empty label")
             label: int | str = int(raw) if _INT_LABEL.match(raw) else raw
-            rows.append((lineno, record[text_col].strip(), label))
+            pair = None if pair_col is None else record[pair_col].strip()
+            rows.append((lineno, record[text_col].strip(), label, pair))
     return rows
 
 
@@ -144,10 +152,10 @@ def _encode_labels(file: Path, rows: list[_Row]) -> tuple[list[ClassificationExa
             raise ValueError(f"{file}:{negative[0]}: integer labels must be >= 0, got {negative[2]}")
         ids = {r[2] for r in rows}
         names = BINARY_LABEL_NAMES if ids == {0, 1} else [f"LABEL_{i}" for i in range(max(map(int, ids)) + 1)]
-        return [ClassificationExample(text=t, label=int(lab)) for _, t, lab in rows], list(names)
+        return [ClassificationExample(t, int(lab), pair) for _, t, lab, pair in rows], list(names)
     names = sorted({str(r[2]) for r in rows})
     index = {name: i for i, name in enumerate(names)}
-    return [ClassificationExample(text=t, label=index[str(lab)]) for _, t, lab in rows], names
+    return [ClassificationExample(t, index[str(lab)], pair) for _, t, lab, pair in rows], names
 
 
 # --------------------------------------------------------------------------- SQuAD

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 class ClassificationExample:
     text: str
     label: int
+    pair: str | None = None  # a second text read with the first (a query's document; GLUE's sentence2)
 
 
 @dataclass(frozen=True)
