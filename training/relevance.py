@@ -8,6 +8,8 @@ sigmoid(logit) exactly softmax(z)[relevant], so the head is folded, not retraine
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 from pathlib import Path
 
@@ -58,3 +60,32 @@ def as_cross_encoder(model_dir: Path, out: Path, positive: str) -> Path:
         ):
             shutil.copy(path, out / path.name)
     return out
+
+
+def squad_pairs(squad: Path, out: Path, negatives: int, eval_articles: int, seed: int = 0) -> dict[str, int]:
+    """Relevance pairs from SQuAD v1.1: each question with its own paragraph (`relevant`) and `negatives`
+    other paragraphs of its article (`other`, drawn at random: the same topic, the hard case for a reranker).
+    The last `eval_articles` articles are held out whole: eval.jsonl, and eval-squad.json (those articles as
+    SQuAD, for ranking every paragraph)."""
+    articles = json.loads(squad.read_text(encoding="utf-8"))["data"]
+    if not 0 < eval_articles < len(articles):
+        raise ValueError(f"{squad}: {len(articles)} articles; hold out between 1 and {len(articles) - 1}")
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for split, chosen in (("train", articles[:-eval_articles]), ("eval", articles[-eval_articles:])):
+        rows = []
+        for article in chosen:
+            paragraphs = [p["context"] for p in article["paragraphs"]]
+            for gold, paragraph in enumerate(article["paragraphs"]):
+                others = [i for i in range(len(paragraphs)) if i != gold]
+                for qa in paragraph["qas"]:
+                    rows.append({"text": qa["question"], "text_pair": paragraphs[gold], "label": "relevant"})
+                    for i in rng.sample(others, min(negatives, len(others))):
+                        rows.append({"text": qa["question"], "text_pair": paragraphs[i], "label": "other"})
+        if split == "train":
+            rng.shuffle(rows)
+        (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        counts[split] = len(rows)
+    (out / "eval-squad.json").write_text(json.dumps({"data": articles[-eval_articles:]}), encoding="utf-8")
+    return counts

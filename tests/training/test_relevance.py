@@ -151,3 +151,39 @@ def test_the_cli_folds_and_the_service_ranks_with_it(relevance_model: Path, tmp_
         app, ["cross-encoder", str(relevance_model), "--out", str(tmp_path / "z"), "--relevant", "x"]
     )
     assert refused.exit_code == 1 and "'x' is not among" in refused.output
+
+
+def test_squad_pairs_hold_out_whole_articles_and_pair_each_question_with_its_paragraph(
+    tmp_path: Path,
+) -> None:
+    from training.relevance import squad_pairs
+
+    def article(title: str, paragraphs: int) -> dict[str, object]:
+        return {
+            "title": title,
+            "paragraphs": [
+                {
+                    "context": f"{title} paragraph {p}",
+                    "qas": [{"id": f"{title}{p}", "question": f"{title} q{p}?"}],
+                }
+                for p in range(paragraphs)
+            ],
+        }
+
+    squad = tmp_path / "squad.json"
+    squad.write_text(
+        json.dumps({"data": [article("a", 4), article("b", 3), article("c", 2)]}), encoding="utf-8"
+    )
+    counts = squad_pairs(squad, tmp_path / "pairs", negatives=2, eval_articles=1)
+    train = load_classification(tmp_path / "pairs" / "train.jsonl")
+    evals = load_classification(tmp_path / "pairs" / "eval.jsonl")
+    assert counts == {"train": 7 * 3, "eval": 2 * 2}  # each question: its paragraph and min(2, others)
+    assert {e.text[0] for e in train.examples} == {"a", "b"} and {e.text[0] for e in evals.examples} == {"c"}
+    for e in train.examples:
+        own = e.pair == e.text.replace(" q", " paragraph ").rstrip("?")
+        assert own == (train.label_names[e.label] == "relevant")
+        assert e.pair is not None and e.pair[0] == e.text[0]  # negatives come from the same article
+    held = json.loads((tmp_path / "pairs" / "eval-squad.json").read_text())
+    assert [a["title"] for a in held["data"]] == ["c"]
+    with pytest.raises(ValueError, match="hold out between 1 and 2"):
+        squad_pairs(squad, tmp_path / "x", negatives=1, eval_articles=3)
