@@ -180,8 +180,10 @@ def compare(
     """Compare outputs batch by batch; agreement counts only the last `agreement_batches` (the eval set).
 
     A row agrees when the argmax of every output does: for QA, the span's start and its end, since a
-    span with one end moved is a different answer to the user. With `cosine` (embeddings, [batch, dim]),
-    a row agrees when its cosine with PyTorch's reaches it instead, and the lowest is reported."""
+    span with one end moved is a different answer to the user. A single logit (a cross-encoder's
+    relevance) has no argmax to compare: its sign is, the side of 0.5 its sigmoid falls on. With `cosine`
+    (embeddings, [batch, dim]), a row agrees when its cosine with PyTorch's reaches it instead, and the
+    lowest is reported."""
     worst, agree, rows, scale = 0.0, 0, 0, 0.0
     lowest: float | None = None
     first_counted = len(batches) - (agreement_batches or len(batches))
@@ -194,7 +196,9 @@ def compare(
             if diff.size:
                 worst = max(worst, float(diff.max()))
                 scale = max(scale, _largest(expected_out[name], feeds["attention_mask"], per_position))
-            if cosine is None:
+            if cosine is None and expected.shape[-1] == 1:  # one logit: the decision its sigmoid makes at 0.5
+                same = (got[..., 0] > 0) == (expected[..., 0] > 0)
+            elif cosine is None:
                 same = got.argmax(-1) == expected.argmax(-1)
             else:
                 cosines = row_cosines(expected, got)

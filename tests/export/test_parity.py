@@ -24,6 +24,19 @@ def test_a_span_agrees_only_when_both_its_ends_do() -> None:
     assert report.max_abs_diff == 2.0  # 3 vs 1 on a real position; the 9 on padding is never compared
 
 
+def test_a_single_logit_agrees_on_its_side_of_zero_not_on_a_vacuous_argmax() -> None:
+    expected = np.array([[2.0], [-1.0], [0.5], [-3.0]])  # a cross-encoder's relevance logits
+    got = np.array([[1.5], [0.2], [0.4], [-2.0]])  # row 1 crosses zero: relevant where it was not
+    report = compare(
+        [{"logits": expected}],
+        [{"logits": got}],
+        [{"attention_mask": np.ones((4, 3))}],
+        ["logits"],
+        per_position=False,
+    )
+    assert report.top1_agreement == 3 / 4
+
+
 def test_an_fp32_bound_scales_with_the_largest_output_on_real_positions() -> None:
     """float32 rounding grows with the numbers summed: 1e-4 of a logit scale of 40 is 4e-3 (SmolLM2's
     logits reach 39), while outputs within +-1 keep the absolute 1e-4; padding sets no scale."""
