@@ -79,10 +79,12 @@ def answers(model: Any, tokenizer: Any, task: str, inputs: Sequence[Any], max_le
     return Answers(best, np.asarray(scores, dtype=np.float64), time.perf_counter() - started)
 
 
-def _classification(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int) -> Answers:
-    encoded = tokenizer(
-        list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt"
-    )
+def _classification(
+    model: Any, tokenizer: Any, texts: Sequence[str] | Sequence[tuple[str, str]], max_length: int
+) -> Answers:
+    pairs = bool(texts) and isinstance(texts[0], tuple)
+    inputs = [list(side) for side in zip(*texts, strict=True)] if pairs else [list(texts)]
+    encoded = tokenizer(*inputs, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     probabilities = _softmax(model(**encoded).logits.double().numpy())
     return Answers(probabilities.argmax(axis=-1).tolist(), probabilities.max(axis=-1))
 

@@ -235,8 +235,11 @@ def eval_texts(spec: TaskSpec, path: Path, limit: int) -> list[str] | list[tuple
     """Inputs from the task's eval file (the formats of training.data), for agreement on real text."""
     from training.data import loaders
 
-    if spec.task == "text-classification":
-        return [e.text for e in loaders.load_classification(path).examples[:limit]]
+    if spec.task == "text-classification":  # pairs of texts where the file has them (a cross-encoder's)
+        examples = loaders.load_classification(path).examples[:limit]
+        if examples and examples[0].pair is not None:
+            return [(e.text, e.pair or "") for e in examples]
+        return [e.text for e in examples]
     if spec.task == "question-answering":
         return [(e.question, e.context) for e in loaders.load_squad(path)[:limit]]
     if spec.task == "sentence-embeddings":
@@ -259,6 +262,11 @@ def eval_inputs(
             questions, contexts = zip(*chunk, strict=True)
             encoded = tokenizer(
                 list(questions), list(contexts), truncation="only_second", max_length=max_length, padding=True
+            )
+        elif chunk and isinstance(chunk[0], tuple):  # pairs read together, the longer cut first
+            firsts, seconds = zip(*chunk, strict=True)
+            encoded = tokenizer(
+                list(firsts), list(seconds), truncation="longest_first", max_length=max_length, padding=True
             )
         else:
             special = spec.task != "text-generation"

@@ -135,10 +135,13 @@ def test_the_cli_folds_and_the_service_ranks_with_it(relevance_model: Path, tmp_
         app, ["cross-encoder", str(relevance_model), "--out", str(out), "--relevant", "relevant"]
     )
     assert result.exit_code == 0, result.output
+    pairs = write_jsonl(tmp_path / "eval.jsonl", pair_rows())  # the gate reads them as pairs
     exported = export_model(
-        out, "text-classification", "ranker", tmp_path / "models", ("fp32",), require_eval_data=False
+        out, "text-classification", "ranker", tmp_path / "models", ("fp32",), eval_data=pairs
     )
     assert exported.version_dir is not None
+    parity = json.loads((exported.version_dir / "manifest.json").read_text())["variants"]["fp32"]["parity"]
+    assert parity["eval_rows"] == len(pair_rows()) and parity["top1_agreement"] == 1.0
     expected = probabilities(relevance_model)
     with TestClient(create_app(Settings(model_repository=tmp_path / "models"))) as client:
         for i, query in enumerate(QUERIES):
