@@ -35,6 +35,7 @@ class ParityReport:
     eval_rows: int = 0  # real eval rows the agreement was measured on; 0: random tokens only
     reference_scale: float = 1.0  # the largest |output| PyTorch gave on the compared positions
     min_cosine: float | None = None  # embeddings: the lowest row cosine with PyTorch's, on the counted rows
+    single_logit: bool = False  # one output column (a cross-encoder's relevance): its value is the answer
 
     def as_dict(self) -> dict[str, float]:
         out = {
@@ -66,6 +67,12 @@ class ParityBounds:
     # Embeddings have no top-1: a row agrees when its cosine with PyTorch's is at least this, and every
     # counted row must (a sentence's neighbours move once its vector turns).
     min_cosine: float = 0.999
+    # A single logit ranks documents by its value, which the side of zero says little of: it may move by at
+    # most this share of the logits' scale. The SQuAD reranker of docs/benchmarks.md: fp16 moved its logits
+    # by up to 0.012 (0.4 %), int8 by 1.1 (33 %) with every sign kept. Its served recall@1 barely changed
+    # (0.7776 both), but a third of the scale reorders close documents; a gate on the ranking itself (the
+    # same best document per query) would judge that directly.
+    max_relative_logit_diff: float = 0.02
 
     @property
     def judges_answers_only(self) -> bool:
@@ -95,6 +102,13 @@ class ParityBounds:
                 )
         elif report.top1_agreement < self.min_top1_agreement:
             problems.append(f"top-1 agreement {report.top1_agreement:.4f} < {self.min_top1_agreement}")
+        moved = report.max_abs_diff / max(1.0, report.reference_scale)
+        if report.single_logit and report.eval_rows and moved > self.max_relative_logit_diff:
+            problems.append(
+                f"the relevance logit moved by {report.max_abs_diff:.3g} ({moved:.1%} of its scale "
+                f"{report.reference_scale:.3g}, at most {self.max_relative_logit_diff:.0%}): rankings "
+                "would change"
+            )
         if (
             self.min_greedy_match is not None
             and report.greedy_match is not None
@@ -186,6 +200,7 @@ def compare(
     lowest is reported."""
     worst, agree, rows, scale = 0.0, 0, 0, 0.0
     lowest: float | None = None
+    single = not per_position and cosine is None and all(reference[0][n].shape[-1] == 1 for n in names)
     first_counted = len(batches) - (agreement_batches or len(batches))
     for index, (expected_out, got_out, feeds) in enumerate(zip(reference, candidate, batches, strict=True)):
         hits: np.ndarray | None = None
@@ -217,6 +232,7 @@ def compare(
         eval_rows=rows if agreement_batches else 0,
         reference_scale=scale,
         min_cosine=lowest,
+        single_logit=single,
     )
 
 

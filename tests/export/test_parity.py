@@ -34,7 +34,21 @@ def test_a_single_logit_agrees_on_its_side_of_zero_not_on_a_vacuous_argmax() -> 
         ["logits"],
         per_position=False,
     )
-    assert report.top1_agreement == 3 / 4
+    assert report.top1_agreement == 3 / 4 and report.single_logit
+
+    def moved(by: float) -> list[str]:
+        close = compare(
+            [{"logits": expected}],
+            [{"logits": expected + by}],
+            [{"attention_mask": np.ones((4, 3))}],
+            ["logits"],
+            per_position=False,
+            agreement_batches=1,
+        )
+        return ParityBounds(max_abs_diff=None, min_top1_agreement=0.99).failures(close)
+
+    assert moved(0.01) == []  # 0.3 % of the scale (3): the same ranking
+    assert "rankings would change" in moved(0.3)[0]  # 10 %: refused, though every sign still agrees
 
 
 def test_an_fp32_bound_scales_with_the_largest_output_on_real_positions() -> None:
