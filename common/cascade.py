@@ -85,3 +85,78 @@ def paying_limit(confidence: Scores, agrees: Flags, student_cost: float) -> Cali
         return None
     paying = [t for t in (0.0, *np.unique(c)) if float((c < t).mean()) < 1.0 - student_cost]
     return at_threshold(c, a, max(paying))
+
+
+# A ranking cascade (a cross-encoder student and its teacher ranking documents for a query). The student
+# scores every document; the teacher reads again those whose student score is within `margin` of the
+# student's best (when there are at least two: one alone has nothing to be ranked against) and orders them
+# first, by its own scores. Its best document is the teacher's alone whenever the teacher's best document is
+# among them: the query "agrees". The share sent is of documents, the unit each model pays for.
+Group = tuple[Scores, Scores]  # one query's documents: the student's scores, the teacher's
+
+
+def needed_margins(groups: Sequence[Group]) -> np.ndarray:
+    """For each query, how far below the student's best the teacher's best document scores with the
+    student: the least margin at which the cascade picks the teacher's best (0 where both pick the same)."""
+    return _Ranked.of(groups).needed
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """The queries as flat arrays: each document's gap below its query's best student score."""
+
+    needed: np.ndarray  # per query
+    gaps: np.ndarray  # per document
+    query: np.ndarray  # per document: its query's index
+
+    @staticmethod
+    def of(groups: Sequence[Group]) -> _Ranked:
+        needed, gaps, query = [], [], []
+        for q, (mine, theirs) in enumerate(groups):
+            s, t = np.asarray(mine, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+            if s.shape != t.shape or s.ndim != 1 or s.size == 0:
+                raise ValueError(f"need both models' scores of the same documents, got {s.shape}, {t.shape}")
+            needed.append(float(s.max() - s[int(np.argmax(t))]))
+            gaps.append(s.max() - s)
+            query.append(np.full(s.size, q))
+        if not needed:
+            raise ValueError("need at least one query with documents to calibrate a ranking cascade on")
+        return _Ranked(np.asarray(needed), np.concatenate(gaps), np.concatenate(query))
+
+    def at(self, margin: float) -> Calibration:
+        near = np.bincount(self.query[self.gaps <= margin], minlength=self.needed.size)
+        return Calibration(
+            threshold=float(margin),
+            agreement=float((self.needed <= margin).mean()),
+            fallback_rate=float(near[near > 1].sum() / self.gaps.size),
+            student_agreement=float((self.needed == 0).mean()),
+            examples=int(self.needed.size),
+        )
+
+
+def at_margin(groups: Sequence[Group], margin: float) -> Calibration:
+    """The ranking cascade's top-1 agreement with the teacher alone, and the share of documents the teacher
+    reads, at `margin`."""
+    return _Ranked.of(groups).at(margin)
+
+
+def calibrate_margin(groups: Sequence[Group], target: float) -> Calibration:
+    """The least margin at which the cascade's best document is the teacher's for at least `target` of the
+    queries: the least each query needs, taken at that share."""
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"the target agreement is a share between 0 and 1, got {target}")
+    ranked = _Ranked.of(groups)
+    needed = np.sort(ranked.needed)
+    keep = int(np.ceil(target * needed.size - 1e-9))  # queries that must agree
+    return ranked.at(float(needed[keep - 1]) if keep > 0 else 0.0)
+
+
+def paying_margin(groups: Sequence[Group], student_cost: float) -> Calibration | None:
+    """The widest margin at which the ranking cascade still costs less than the teacher alone (each
+    document the student's pass, `student_cost` of the teacher's, and those read again the teacher's):
+    the most agreement a ranking cascade that pays reaches. None when the student alone costs too much."""
+    if student_cost >= 1.0:
+        return None
+    ranked = _Ranked.of(groups)
+    found = [ranked.at(m) for m in (0.0, *np.unique(ranked.needed))]
+    return max((f for f in found if f.fallback_rate < 1.0 - student_cost), key=lambda f: f.threshold)

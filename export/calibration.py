@@ -8,6 +8,7 @@ Inputs are read with each model's own tokenizer, so a pair need not share one.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from common.cascade import Calibration, calibrate, paying_limit
+from common.cascade import Calibration, calibrate, calibrate_margin, paying_limit, paying_margin
 from common.spans import NOT_CONTEXT, span_probabilities, top_spans
 from export.tasks import SPECS, eval_texts, first_mask_positions
 from service.manifest import CascadeCalibration, PayingLimit
@@ -128,7 +129,23 @@ def _fill_mask(model: Any, tokenizer: Any, texts: Sequence[str], max_length: int
     return Answers([tokenizer.decode([int(t)]).strip() for t in top], probabilities.max(axis=-1))
 
 
+def _relevance(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], max_length: int) -> Answers:
+    """A cross-encoder's relevance logit of each (query, document) pair: what its ranking orders by."""
+    queries, documents = zip(*pairs, strict=True)
+    encoded = tokenizer(
+        list(queries),
+        list(documents),
+        truncation=True,
+        max_length=max_length,
+        padding=True,
+        return_tensors="pt",
+    )
+    logits = model(**encoded).logits.double().numpy()[:, 0]
+    return Answers([None] * len(pairs), logits)
+
+
 _ANSWERS: dict[str, Callable[[Any, Any, Sequence[Any], int], Answers]] = {
+    "relevance": _relevance,
     "text-classification": _classification,
     "question-answering": _question_answering,
     "fill-mask": _fill_mask,
@@ -157,6 +174,8 @@ def calibrate_pair(
     inputs = calibration_inputs(task, eval_data, limit)
     if not inputs:
         raise ValueError(f"{eval_data} holds no input to calibrate the cascade on")
+    if task == "text-classification" and student[0].config.num_labels == 1:
+        return _calibrate_ranking(student, teacher, inputs, target, max_length, progress, str(eval_data))
     progress(f"cascade calibration: the student on {len(inputs)} eval inputs")
     mine = answers(*student, task, inputs, max_length)
     progress(f"cascade calibration: the teacher on {len(inputs)} eval inputs")
@@ -173,6 +192,50 @@ def calibrate_pair(
         student_agreement=found.student_agreement,
         eval_examples=found.examples,
         eval_source=str(eval_data),
+        student_cost=cost,
+        paying_limit=None if paying is None else _paying_limit(paying),
+    )
+
+
+def _calibrate_ranking(
+    student: tuple[Any, Any],
+    teacher: tuple[Any, Any],
+    pairs: Sequence[Any],
+    target: float,
+    max_length: int,
+    progress: Callable[[str], None],
+    source: str,
+) -> CascadeCalibration:
+    """A cross-encoder pair's ranking cascade (common.cascade): the eval file's pairs grouped by query (its
+    first text), each query's documents scored by both models, and the margin for `target` agreement on
+    each query's best document."""
+    by_query: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, tuple):
+            raise ValueError(f"{source}: a cross-encoder is calibrated on (query, document) pairs")
+        by_query.setdefault(pair[0], []).append(i)
+    groups = [rows for rows in by_query.values() if len(rows) > 1]
+    if not groups:
+        raise ValueError(f"{source} holds no query with two documents or more to rank")
+    flat = [pairs[i] for rows in groups for i in rows]
+    progress(f"ranking cascade calibration: the student on {len(groups)} queries ({len(flat)} documents)")
+    mine = answers(*student, "relevance", flat, max_length)
+    progress(f"ranking cascade calibration: the teacher on {len(groups)} queries")
+    theirs = answers(*teacher, "relevance", flat, max_length)
+    bounds = np.cumsum([0, *map(len, groups)])
+    scored = [(mine.confidence[a:b], theirs.confidence[a:b]) for a, b in itertools.pairwise(bounds)]
+    found = calibrate_margin(scored, target)
+    cost = mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None
+    paying = None if cost is None else paying_margin(scored, cost)
+    return CascadeCalibration(
+        confidence="score-margin",
+        threshold=found.threshold,
+        target_agreement=target,
+        agreement=found.agreement,
+        fallback_rate=found.fallback_rate,
+        student_agreement=found.student_agreement,
+        eval_examples=found.examples,
+        eval_source=source,
         student_cost=cost,
         paying_limit=None if paying is None else _paying_limit(paying),
     )

@@ -153,11 +153,19 @@ def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
         print_warning(f"paired with {teacher}; without --eval-data no cascade threshold was calibrated")
         return
     c = result.cascade
-    console.print(
-        f"paired with {teacher}: cascade threshold {c.threshold:.4f} sends {c.fallback_rate:.1%} of "
-        f"{c.eval_examples} eval inputs to the teacher and agrees with it on {c.agreement:.2%} "
-        f"(target {c.target_agreement:.2%}; the student alone {c.student_agreement:.2%})"
-    )
+    if c.confidence == "score-margin":
+        console.print(
+            f"paired with {teacher}: a ranking cascade; the teacher reads again the documents within "
+            f"{c.threshold:.4f} of the student's best logit ({c.fallback_rate:.1%} of the documents of "
+            f"{c.eval_examples} eval queries), and the best document is the teacher's for {c.agreement:.2%} "
+            f"of queries (target {c.target_agreement:.2%}; the student alone {c.student_agreement:.2%})"
+        )
+    else:
+        console.print(
+            f"paired with {teacher}: cascade threshold {c.threshold:.4f} sends {c.fallback_rate:.1%} of "
+            f"{c.eval_examples} eval inputs to the teacher and agrees with it on {c.agreement:.2%} "
+            f"(target {c.target_agreement:.2%}; the student alone {c.student_agreement:.2%})"
+        )
     if c.student_cost is not None:
         console.print(f"the student costs {c.student_cost:.2f} of the teacher's time (PyTorch, this machine)")
     if c.paying_limit is not None:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,6 +65,7 @@ class Pair:
 
     teacher: ServedModel
     calibrated: float | None  # the manifest's threshold (None: exported without eval data)
+    ranking: bool  # a cross-encoder pair: its cascade ranks a query's documents (`rank`), by a margin
     direct: (
         bool  # at the calibrated threshold the cascade costs more than the teacher alone: skip the student
     )
@@ -99,6 +101,10 @@ class Pairs:
             if teacher.manifest.task != model.manifest.task:
                 self._unpaired[key] = f"its teacher {ref.name} serves {teacher.manifest.task}"
                 continue
+            ranking = model.manifest.cross_encoder
+            if ranking and not teacher.manifest.cross_encoder:
+                self._unpaired[key] = f"its teacher {ref.name} is not a cross-encoder (one label)"
+                continue
             calibration = model.manifest.cascade
             direct = calibration is not None and calibration.costs_more_than_teacher
             if direct and calibration is not None:
@@ -114,6 +120,7 @@ class Pairs:
             self._pairs[key] = Pair(
                 teacher,
                 calibration.threshold if calibration is not None else None,
+                ranking,
                 direct,
                 metrics.cascade_fallbacks.labels(model.name, teacher.name),
                 metrics.cascade_inputs.labels(model.name),
@@ -122,15 +129,21 @@ class Pairs:
                 metrics.shadow_dropped.labels(model.name, teacher.name),
             )
             record = model.manifest.distillation
-            if record is not None and record.agreement is not None:
+            if ranking:  # live checks count queries whose best document is the teacher's: calibration's unit
+                if calibration is not None:
+                    agreement = metrics.distillation_agreement.labels(model.name, teacher.name)
+                    agreement.set(calibration.student_agreement)
+            elif record is not None and record.agreement is not None:
                 metrics.distillation_agreement.labels(model.name, teacher.name).set(record.agreement)
 
     def pair_of(self, model: ServedModel) -> Pair | None:
         return self._pairs.get((model.name, model.manifest.version))
 
     def threshold(self, pair: Pair, requested: float | None) -> float | None:
-        """The request's own threshold, else the setting's, else the calibrated one; None: student only."""
-        if requested is not None:
+        """The request's own threshold, else the setting's, else the calibrated one; None: student only.
+        A ranking pair's inputs go to the teacher by a request's own threshold only (its calibration is
+        a margin between documents, `margin`)."""
+        if requested is not None or pair.ranking:
             return requested
         if self.settings.cascade == "off":
             return None
@@ -140,10 +153,20 @@ class Pairs:
 
     def teacher_directly(self, pair: Pair, requested: float | None) -> bool:
         """The calibrated threshold applies, and there the teacher alone costs less than the cascade."""
-        calibrated = (
-            requested is None and self.settings.cascade == "on" and self.settings.cascade_threshold is None
-        )
+        own = self.settings.cascade_margin if pair.ranking else self.settings.cascade_threshold
+        calibrated = requested is None and self.settings.cascade == "on" and own is None
         return calibrated and pair.direct
+
+    def margin(self, pair: Pair, requested: float | None) -> float | None:
+        """A ranking pair's margin: the request's own, else the setting's, else the calibrated one; None:
+        the student ranks alone."""
+        if requested is not None:
+            return requested
+        if self.settings.cascade == "off":
+            return None
+        if self.settings.cascade_margin is not None:
+            return self.settings.cascade_margin
+        return pair.calibrated
 
     async def answer(
         self,
@@ -157,16 +180,13 @@ class Pairs:
         of the student's own answers is checked by the teacher afterwards (shadow). Where the calibrated
         cascade costs more than the teacher alone, the teacher answers everything without the student."""
         pair = self.pair_of(model)
-        if pair is not None and self.teacher_directly(pair, requested):
+        if pair is not None and not pair.ranking and self.teacher_directly(pair, requested):
             pair.inputs.inc(len(inputs))
             pair.fallbacks.inc(len(inputs))
             x.answered_by = (pair.teacher.name,)
             return await answer_all(pair.teacher, inputs, x)
-        self._clients_in_flight += 1  # shadow checks wait for a quieter moment (SHADOW_BUSY)
-        try:
+        with self.serving():
             results = await answer_all(model, inputs, x)
-        finally:
-            self._clients_in_flight -= 1
         if pair is None:
             x.answered_by = (model.name,)
             return results
@@ -189,6 +209,15 @@ class Pairs:
             kept = [i for i in range(len(inputs)) if i not in taken]
             self._shadow(pair, [inputs[i] for i in kept], [results[i] for i in kept], answer_all, x.limits)
         return results
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Around a client's work for a student: shadow checks wait for a quieter moment (SHADOW_BUSY)."""
+        self._clients_in_flight += 1
+        try:
+            yield
+        finally:
+            self._clients_in_flight -= 1
 
     def _shadow(
         self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
@@ -248,19 +277,20 @@ class Pairs:
             reason = self._unpaired.get((model.name, model.manifest.version))
             cascade = None if reason is None else {"active": False, "threshold": None, "reason": reason}
             return {"teacher": None, "cascade": cascade}
-        threshold = self.threshold(pair, None)
+        threshold = self.margin(pair, None) if pair.ranking else self.threshold(pair, None)
         return {
             "teacher": {"name": pair.teacher.name, "version": pair.teacher.manifest.version},
             "cascade": {
                 "active": threshold is not None,
                 "threshold": threshold,
                 "teacher_directly": self.teacher_directly(pair, None),
-                "reason": None if threshold is not None else self._why_off(),
+                "reason": None if threshold is not None else self._why_off(pair),
                 "calibration": calibration.model_dump() if calibration is not None else None,
             },
         }
 
-    def _why_off(self) -> str:
+    def _why_off(self, pair: Pair) -> str:
         if self.settings.cascade == "off":
             return "DISTILSERVE_CASCADE=off"
-        return "exported without eval data: no calibrated threshold (set DISTILSERVE_CASCADE_THRESHOLD)"
+        setting = "DISTILSERVE_CASCADE_MARGIN" if pair.ranking else "DISTILSERVE_CASCADE_THRESHOLD"
+        return f"exported without eval data: no calibrated threshold (set {setting})"

@@ -212,10 +212,16 @@ class CascadeCalibration(_Strict):
     `eval_examples` inputs of `eval_source`: the share sent to the teacher and the resulting agreement with
     the teacher alone, against the student's own. `student_cost`: the student's time over those inputs ÷ the
     teacher's; when it and the fallback rate add up to 1 or more, the cascade costs more than the teacher
-    alone at this threshold, and the service answers with the teacher directly (service.cascade)."""
+    alone at this threshold, and the service answers with the teacher directly (service.cascade).
 
-    # the best answer's score: the top label's, the best span's or the top token's probability
-    confidence: Literal["top-score"] = "top-score"
+    A cross-encoder pair (one label: a relevance logit) ranks instead (`confidence` "score-margin",
+    common.cascade's ranking cascade): for a query, the teacher reads again the documents whose student logit
+    is within `threshold` of the best one's; `agreement` is then the share of queries whose best document is
+    the teacher's, and `fallback_rate` the share of documents the teacher reads."""
+
+    # "top-score": the best answer's score (the top label's, the best span's or the top token's
+    # probability); "score-margin": a document's distance below the query's best student logit
+    confidence: Literal["top-score", "score-margin"] = "top-score"
     threshold: float = Field(ge=0.0)
     target_agreement: float = Field(ge=0.0, le=1.0)
     agreement: float = Field(ge=0.0, le=1.0)
@@ -260,6 +266,11 @@ class Manifest(_Strict):
     git_revision: str | None = None
     source_model: str | None = None
 
+    @property
+    def cross_encoder(self) -> bool:
+        """A classifier of one label reads a query and a document together and answers their relevance."""
+        return self.task == "text-classification" and len(self.labels) == 1
+
     @model_validator(mode="after")
     def _task_extras_present(self) -> Manifest:
         if self.task == "text-classification" and not self.labels:
@@ -280,6 +291,8 @@ class Manifest(_Strict):
                 raise ValueError(f"embedding outputs {missing} are not outputs of the graph")
         if self.cascade is not None and self.teacher is None:
             raise ValueError("a cascade calibration needs the 'teacher' it falls back to")
+        if self.cascade is not None and (self.cascade.confidence == "score-margin") != self.cross_encoder:
+            raise ValueError("a ranking cascade ('score-margin') is a cross-encoder's (one label), and only")
         if self.teacher is not None and self.teacher.name == self.name:
             raise ValueError("a model cannot be its own teacher")
         if "fp32" not in self.variants:

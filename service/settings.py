@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         description="One threshold for every pair instead of each pair's calibrated one (0: the student "
         "answers everything).",
     )
+    cascade_margin: float | None = Field(
+        None,
+        ge=0.0,
+        description="For a cross-encoder pair's ranking cascade, one margin for every pair instead of each "
+        "pair's calibrated one: the teacher reads again a query's documents whose student logit is within "
+        "it of the best (0: the student ranks alone).",
+    )
     speculative: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Speculative decoding for a generation teacher served with its student (the student's "

@@ -182,3 +182,47 @@ def pair_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         student = export_model(student_dir, task, name, repository, ("fp32",), eval_data=eval_data, pair=pair)  # type: ignore[arg-type]
         assert student.version_dir is not None and student.cascade is not None
     return repository
+
+
+RANKING_QUERIES = ["who founded acme", "a film i loved", "where is springfield", "when was acme founded"]
+RANKING_DOCUMENTS = [
+    "Acme was founded by John Smith in 1950 in the city of Springfield.",
+    "I loved this film, it was wonderful.",
+    "A dull, terrible film. I hated every minute of it.",
+    "the founders of acme",
+    "film",
+    "springfield is a city",
+]
+RANKING_WINDOW = 32  # tokens of a (query, document) pair the rankers read
+
+
+@pytest.fixture(scope="session")
+def ranking_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two untrained tiny cross-encoders (one label) of two seeds, exported as a pair (`ranker-teacher`,
+    `ranker`) whose ranking cascade is calibrated for 99 % of queries on a pair file: each query with every
+    of RANKING_DOCUMENTS, one more query with a single document (nothing to rank)."""
+    import json
+
+    from export.pipeline import PairSpec, export_model
+    from service.manifest import TeacherRef
+    from tests.tiny_models import build_cross_encoder
+
+    root = tmp_path_factory.mktemp("ranking")
+    eval_data = root / "eval.jsonl"
+    rows = [{"text": q, "text_pair": d, "label": 0} for q in RANKING_QUERIES for d in RANKING_DOCUMENTS]
+    rows.append({"text": "acme", "text_pair": RANKING_DOCUMENTS[0], "label": 0})
+    eval_data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    teacher_dir = build_cross_encoder(root / "teacher", seed=0)
+    student_dir = build_cross_encoder(root / "student", seed=1)
+    repository = root / "models"
+    window = {"eval_data": eval_data, "max_length": RANKING_WINDOW}
+    teacher = export_model(
+        teacher_dir, "text-classification", "ranker-teacher", repository, ("fp32",), **window
+    )  # type: ignore[arg-type]
+    assert teacher.version_dir is not None
+    pair = PairSpec(TeacherRef(name="ranker-teacher", version=1), teacher_dir, 0.99)
+    student = export_model(
+        student_dir, "text-classification", "ranker", repository, ("fp32",), pair=pair, **window
+    )  # type: ignore[arg-type]
+    assert student.version_dir is not None and student.cascade is not None
+    return {"repository": repository, "teacher": teacher_dir, "student": student_dir, "eval": eval_data}

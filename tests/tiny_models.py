@@ -166,6 +166,22 @@ def tiny_bert_settings(vocab_size: int, layers: int = 2, positions: int = 128, *
     )
 
 
+def build_cross_encoder(out: Path, seed: int = 0, positions: int = 64) -> Path:
+    """An untrained tiny BERT of one label: a cross-encoder reading (query, document) pairs. Its weights
+    are drawn wide (std 0.5, not 0.02) so that its logits for different documents differ by whole units,
+    as a trained ranker's do, rather than by 1e-5."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tokenizer = _wordpiece()
+    settings = tiny_bert_settings(len(tokenizer), positions=positions)
+    model = BertForSequenceClassification(BertConfig(**settings, num_labels=1, initializer_range=0.5))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def build_tiny(task: str, out: Path, positions: int = 64, seed: int = 0) -> Path:
     """`positions`: the window (a long one makes generation take long enough to watch it stream); `seed`:
     another seed gives another model of the same shape (a cascade's student beside its teacher)."""

@@ -66,7 +66,7 @@ async def info(
     served = named_model(c, model)
     m = served.manifest
     if m.task == "text-classification":  # one label: a cross-encoder, which TEI calls a reranker
-        kind = "reranker" if len(m.labels) == 1 else "classifier"
+        kind = "reranker" if m.cross_encoder else "classifier"
         model_type: dict[str, Any] = {kind: {"id2label": {str(i): m.labels[i] for i in sorted(m.labels)}}}
     elif m.embedding is not None:
         model_type = {"embedding": {"pooling": m.embedding.pooling}}

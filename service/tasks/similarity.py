@@ -7,30 +7,35 @@ shapes clients already send:
 
 - `POST /v1/rerank`, `/v2/rerank`, `/rerank` (Jina's and Cohere's, as vLLM serves them): `query`, `documents`
   (texts, or `{"text"}` objects), `top_n`, `return_documents` -> `{"id", "model", "usage", "results":
-  [{"index", "relevance_score", "document": {"text"}}]}`, best first.
+  [{"index", "relevance_score", "model", "document": {"text"}}]}`, best first.
 - `POST /rerank` with `texts` instead of `documents` (text-embeddings-inference's): `return_text`,
-  `truncate` -> `[{"index", "score", "text"?}]`, best first.
+  `truncate` -> `[{"index", "score", "model", "text"?}]`, best first.
 - `POST /v1/score`, `/score` (vLLM's): `text_1` and `text_2`, each a text or a list: one against each (1:N)
   or pair by pair (N:N) -> `data: [{"index", "object": "score", "score"}]`.
 - `POST /similarity` (TEI's): `{"inputs": {"source_sentence", "sentences"}}` -> `[float]`.
 
 An embedding model's score is a cosine in [-1, 1] (TEI's `raw_scores` changes nothing); a cross-encoder's
 is its relevance logit's sigmoid, or with `raw_scores` the logit. /similarity is TEI's, for embedding models
-only. Without `model`: the first embedding model, else the first cross-encoder.
+only. Without `model`: the first embedding model, else the first cross-encoder. A cross-encoder student
+exported with its teacher ranks by the ranking cascade (service.ranking): the documents it cannot tell
+apart from its best are read again by the teacher; each result's `model` says whose score it is (rerank
+only: /score's scores are the named model's alone, as a client compares them with each other).
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from typing_extensions import TypedDict  # pydantic reads only this one's fields on Python 3.11
 
 from service.exchange import Exchange
+from service.ranking import Ranked, rank
 from service.tasks import retrieval
-from service.tasks.classification import NAME as CLASSIFICATION
 from service.tasks.common import run_texts
 from service.tasks.contract import Collaborators, Endpoint, InvalidInputError, TeiEmbeddingRequest, Texts
 from service.tasks.vectors import EMBEDDINGS, cosines
@@ -61,6 +66,13 @@ class RerankRequest(BaseModel):
     )
     top_n: int | None = Field(None, ge=0, description="Return only the best N (default, or 0 as vLLM: all).")
     return_documents: bool = Field(True, description="Each result carries its document.")
+    cascade_margin: float | None = Field(
+        None,
+        ge=0.0,
+        description="distilserve's: a cross-encoder student's teacher reads again the documents whose "
+        "relevance logit is within this of the student's best; default: the pair's calibrated margin (0: "
+        "the student ranks alone). No effect without a teacher.",
+    )
 
     def ranked(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
@@ -96,6 +108,7 @@ class RerankDocument(TypedDict):
 class RerankResult(TypedDict):
     index: int
     relevance_score: float
+    model: str  # distilserve's: the model whose score this is (a ranking cascade's teacher, or its student)
     document: NotRequired[RerankDocument]
 
 
@@ -113,6 +126,7 @@ class RerankResponse(TypedDict):
 class TeiRank(TypedDict):
     index: int
     score: float
+    model: str
     text: NotRequired[str]
 
 
@@ -165,16 +179,11 @@ def labelled(field: str, texts: str | list[str]) -> list[str]:
     return [field] if isinstance(texts, str) else [f"{field}[{i}]" for i in range(len(texts))]
 
 
-def cross_encoder(model: ServedModel) -> bool:
-    """A classifier of one label reads a query and a document together and answers their relevance."""
-    return model.manifest.task == CLASSIFICATION and len(model.manifest.labels) == 1
-
-
 def ranking_model(name: str | None, c: Collaborators, x: Exchange, cross: bool = True) -> ServedModel:
     """The model named, else the first embedding model, else (`cross`) the first cross-encoder."""
     if name is not None:
         model = c.registry.get(name)
-        if model.manifest.task != EMBEDDINGS and not (cross and cross_encoder(model)):
+        if model.manifest.task != EMBEDDINGS and not (cross and model.manifest.cross_encoder):
             can = "a sentence-embeddings model or a cross-encoder (a text-classification model of one label)"
             raise InvalidInputError(
                 f"model {name!r} serves {model.manifest.task} ({len(model.manifest.labels)} labels); ranking "
@@ -182,10 +191,11 @@ def ranking_model(name: str | None, c: Collaborators, x: Exchange, cross: bool =
                 param="model",
             )
     else:  # the first embedding model; with none served, the first cross-encoder; with neither, a 404
-        crossing = sorted({m.name for m in c.registry.all() if cross and cross_encoder(m)})
+        crossing = sorted({m.name for m in c.registry.all() if cross and m.manifest.cross_encoder})
         serving = any(m.manifest.task == EMBEDDINGS for m in c.registry.all())
         model = c.registry.get(crossing[0]) if crossing and not serving else c.registry.resolve(EMBEDDINGS)
     x.serve(model.name, model.manifest.task, model.stats)
+    x.answered_by = (model.name,)  # a ranking cascade (service.ranking) names its teacher too
     return model
 
 
@@ -198,37 +208,71 @@ async def _scores(
     x: Exchange,
     by_pair: bool = False,
     raw: bool = False,
+    indices: Sequence[int] | None = None,
 ) -> tuple[list[float], int]:
     """Each document's score against the query (`by_pair`: document i's against query i), and the tokens
-    read. Queries and documents come as (the request's field, its texts). An embedding model: the cosine of
-    their vectors; a cross-encoder: the pair read together, its relevance's sigmoid (`raw`: the logit)."""
+    read; `indices`: of those documents only. Queries and documents come as (the request's field, its
+    texts). An embedding model: the cosine of their vectors; a cross-encoder: the pair read together, its
+    relevance's sigmoid (`raw`: the logit)."""
     firsts = [queries[1]] if isinstance(queries[1], str) else queries[1]
-    labels = (labelled(*queries), labelled(*documents))
-    query_of = [i if by_pair else 0 for i in range(len(documents[1]))]
-    if cross_encoder(model):
-        c.check_batch(len(documents[1]), x)
-        pairs = [(firsts[q], d) for q, d in zip(query_of, documents[1], strict=True)]
+    picked = range(len(documents[1])) if indices is None else indices
+    texts = [documents[1][i] for i in picked]
+    every = labelled(*documents)
+    labels = (labelled(*queries), [every[i] for i in picked])
+    query_of = [i if by_pair else 0 for i in picked]
+    if model.manifest.cross_encoder:
+        c.check_batch(len(texts), x)
+        pairs = [(firsts[q], d) for q, d in zip(query_of, texts, strict=True)]
         named = [f"{labels[0][q]} with {d}" for q, d in zip(query_of, labels[1], strict=True)]
         outputs, tokens = await run_texts(
             model, pairs, truncate, c.metrics, c.settings.request_timeout_s, x, named
         )
         return [float(o["logits" if raw else "probabilities"][0]) for o in outputs], tokens
-    c.check_batch(len(firsts) + len(documents[1]), x)
-    rows = await retrieval.embedded(model, firsts, documents[1], truncate, c, x, labels)
+    c.check_batch(len(firsts) + len(texts), x)
+    rows = await retrieval.embedded(model, firsts, texts, truncate, c, x, labels)
     table = cosines(rows[0], rows[1])
     return [float(table[q, j]) for j, q in enumerate(query_of)], rows[2]
 
 
-def _best_first(scores: list[float], top_n: int | None) -> list[int]:
-    """Indices by score, highest first (ties: the earlier), at most top_n."""
-    return sorted(range(len(scores)), key=lambda i: -scores[i])[: top_n or len(scores)]
+async def _ranked(
+    model: ServedModel,
+    query: tuple[str, str],
+    documents: tuple[str, list[str]],
+    truncate: bool | None,
+    margin: float | None,
+    c: Collaborators,
+    x: Exchange,
+) -> tuple[Ranked, int]:
+    """The documents ranked against the query (service.ranking: by the model, or by a cross-encoder pair's
+    ranking cascade), each by its raw score (a logit, a cosine), and the tokens the client's answer read."""
+    tokens = 0
+
+    async def score(by: ServedModel, indices: Sequence[int], exchange: Exchange) -> list[float]:
+        nonlocal tokens
+        found, read = await _scores(by, query, documents, truncate, c, exchange, raw=True, indices=indices)
+        tokens += 0 if exchange.shadow else read
+        return found
+
+    ranked = await rank(c.pairs, model, len(documents[1]), score, margin, x)
+    return ranked, tokens
+
+
+def _shown(model: ServedModel, score: float, raw: bool) -> float:
+    """A raw score as the client asked for it: a cross-encoder's logit as its sigmoid unless `raw`."""
+    return score if raw or not model.manifest.cross_encoder else 1.0 / (1.0 + math.exp(-score))
 
 
 async def handle_rerank(body: RerankRequest, x: Exchange, c: Collaborators) -> RerankResponse:
     texts = body.ranked()
     model = ranking_model(body.model, c, x)
-    scores, tokens = await _scores(model, ("query", body.query), ("documents", texts), None, c, x)
-    results = [RerankResult(index=i, relevance_score=scores[i]) for i in _best_first(scores, body.top_n)]
+    query = ("query", body.query)
+    ranked, tokens = await _ranked(model, query, ("documents", texts), None, body.cascade_margin, c, x)
+    results = [
+        RerankResult(
+            index=i, relevance_score=_shown(model, ranked.scores[i], False), model=ranked.scored_by[i]
+        )
+        for i in ranked.order[: body.top_n or len(texts)]
+    ]
     if body.return_documents:
         for result in results:
             result["document"] = RerankDocument(text=texts[result["index"]])
@@ -249,8 +293,11 @@ async def handle_either(
     texts = body.texts
     model = ranking_model(body.model, c, x)
     query, documents = ("query", body.query), ("texts", texts)
-    scores, _ = await _scores(model, query, documents, body.truncate, c, x, raw=body.raw_scores)
-    ranks = [TeiRank(index=i, score=scores[i]) for i in _best_first(scores, body.top_n)]
+    ranked, _ = await _ranked(model, query, documents, body.truncate, body.cascade_margin, c, x)
+    ranks = [
+        TeiRank(index=i, score=_shown(model, ranked.scores[i], body.raw_scores), model=ranked.scored_by[i])
+        for i in ranked.order[: body.top_n or len(texts)]
+    ]
     if body.return_text:
         for rank in ranks:
             rank["text"] = texts[rank["index"]]
@@ -297,7 +344,10 @@ async def handle_similarity(body: SimilarityRequest, x: Exchange, c: Collaborato
     return scores
 
 
-RERANK = "Rank documents against a query by cosine, best first: Jina's and Cohere's rerank, as vLLM serves it"
+RERANK = (
+    "Rank documents against a query, best first, by cosine or a cross-encoder (a student's unsure head read "
+    "again by its teacher): Jina's and Cohere's rerank, as vLLM serves it"
+)
 TAGS = ("embeddings",)
 ENDPOINTS = (
     *(

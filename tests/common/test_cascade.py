@@ -7,7 +7,15 @@ import itertools
 import numpy as np
 import pytest
 
-from common.cascade import at_threshold, calibrate, paying_limit
+from common.cascade import (
+    at_margin,
+    at_threshold,
+    calibrate,
+    calibrate_margin,
+    needed_margins,
+    paying_limit,
+    paying_margin,
+)
 
 # Ten inputs by confidence; the student disagrees with the teacher at 0.55, 0.62 and 0.81.
 CONFIDENCE = [0.50, 0.55, 0.60, 0.62, 0.70, 0.75, 0.81, 0.90, 0.95, 0.99]
@@ -82,3 +90,52 @@ def test_the_paying_limit_is_the_highest_threshold_cheaper_than_the_teacher(
     )
     assert found.fallback_rate + cost < 1.0
     assert paying_limit(CONFIDENCE, AGREES, 1.0) is None  # a student as dear as its teacher never pays
+
+
+# A ranking cascade's four queries, (student scores, teacher scores) per document; the teacher's best
+# document sits 0, 0.5, 2 and 1 below the student's best with the student: the margins each query needs.
+QUERIES = [
+    ([3.0, 2.0, 0.0], [1.0, 0.0, 0.0]),
+    ([3.0, 2.5, 0.0], [0.0, 1.0, 0.0]),
+    ([1.0, 0.0, -1.0], [0.0, 0.0, 1.0]),
+    ([5.0, 4.0], [0.0, 1.0]),
+]  # 11 documents
+
+
+def test_each_query_needs_the_gap_to_the_teachers_best_document() -> None:
+    np.testing.assert_allclose(needed_margins(QUERIES), [0.0, 0.5, 2.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("target", "margin", "read", "agreement"),
+    [
+        (0.25, 0.0, 0, 0.25),  # the student's best is the teacher's for one query in four
+        (0.5, 0.5, 2, 0.5),  # query 1's two nearest documents; the others have one document within 0.5
+        (0.75, 1.0, 8, 0.75),  # two documents of each query
+        (1.0, 2.0, 9, 1.0),  # and query 2's third
+    ],
+)
+def test_the_least_margin_reaching_the_target_and_the_documents_it_sends(
+    target: float, margin: float, read: int, agreement: float
+) -> None:
+    found = calibrate_margin(QUERIES, target)
+    assert found.threshold == pytest.approx(margin)
+    assert found.fallback_rate == pytest.approx(read / 11)  # a lone document near the best is not sent
+    assert found.agreement == pytest.approx(agreement)
+    assert found.student_agreement == pytest.approx(0.25) and found.examples == 4
+    assert at_margin(QUERIES, margin - 1e-9).agreement < target or margin == 0.0
+
+
+def test_the_paying_margin_keeps_the_cascade_cheaper_than_the_teacher() -> None:
+    paying = paying_margin(QUERIES, student_cost=0.5)  # reading 8 of 11 again would cost 0.5 + 0.73
+    assert paying is not None and paying.threshold == pytest.approx(0.5) and paying.agreement == 0.5
+    assert paying_margin(QUERIES, student_cost=1.0) is None
+
+
+def test_bad_ranking_calibration_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="same documents"):
+        needed_margins([([1.0, 2.0], [1.0])])
+    with pytest.raises(ValueError, match="at least one query"):
+        calibrate_margin([], 0.9)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        calibrate_margin(QUERIES, -0.1)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from common.cascade import at_threshold
@@ -115,3 +116,29 @@ def test_draft_from_is_refused_where_no_draft_is_built(tmp_path: Path, tiny_llam
     nowhere = CliRunner().invoke(app, [*paired, "--draft-from", str(tmp_path / "nothing")])
     assert nowhere.exit_code == 2 and "not an HF model directory" in nowhere.output
     assert not any(tmp_path.iterdir())  # nothing exported
+
+
+def test_a_cross_encoder_pair_is_calibrated_as_a_ranking_on_its_queries(
+    ranking_pair: dict[str, Path],
+) -> None:
+    from common.cascade import calibrate_margin
+    from tests.conftest import RANKING_DOCUMENTS, RANKING_QUERIES, RANKING_WINDOW
+    from tests.service.tasks.test_cross_encoders import torch_logits
+
+    c = manifest(ranking_pair["repository"], "ranker").cascade
+    assert c is not None and c.confidence == "score-margin"
+    groups = []  # the pair file's queries with their documents (the one-document query has nothing to rank)
+    for query in RANKING_QUERIES:
+        pairs: list[tuple[str, str] | str] = [(query, d) for d in RANKING_DOCUMENTS]
+        groups.append(
+            tuple(torch_logits(ranking_pair[m], pairs, window=RANKING_WINDOW) for m in ("student", "teacher"))
+        )
+    expected = calibrate_margin(groups, 0.99)  # type: ignore[arg-type]
+    assert c.eval_examples == len(RANKING_QUERIES) == expected.examples
+    assert c.threshold == pytest.approx(expected.threshold, abs=1e-4)
+    assert (c.agreement, c.fallback_rate, c.student_agreement) == (
+        expected.agreement,
+        expected.fallback_rate,
+        expected.student_agreement,
+    )
+    assert c.student_cost is not None and c.student_cost > 0

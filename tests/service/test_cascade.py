@@ -136,14 +136,15 @@ def test_a_bad_threshold_is_a_4xx_that_names_it(client: TestClient) -> None:
     assert r.status_code == 422 and "cascade_threshold" in r.text
 
 
-def with_calibration(repository: Path, tmp_path: Path, **fields: float) -> Path:
-    """The pair repository with these fields of the classifier's cascade calibration replaced."""
+def with_calibration(repository: Path, tmp_path: Path, name: str = "cls", **fields: float) -> Path:
+    """The pair repository with these fields of the student's (the classifier's) cascade calibration
+    replaced."""
     import json
     import shutil
 
     copy = tmp_path / "models"
     shutil.copytree(repository, copy)
-    path = copy / "cls" / "1" / "manifest.json"
+    path = copy / name / "1" / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["cascade"].update(fields)
     path.write_text(json.dumps(manifest))

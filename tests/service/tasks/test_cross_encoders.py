@@ -24,21 +24,11 @@ WINDOW = 32
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
     from export.pipeline import export_model
-    from tests.tiny_models import _wordpiece, tiny_bert_settings
+    from tests.tiny_models import build_cross_encoder
 
     root = tmp_path_factory.mktemp("cross-encoders")
-    torch.manual_seed(3)
-    tokenizer = _wordpiece()
-    model = BertForSequenceClassification(
-        BertConfig(**tiny_bert_settings(len(tokenizer), positions=64), num_labels=1)
-    )
-    model_dir = root / RANKER
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = build_cross_encoder(root / RANKER, seed=3)
     repository = root / "models"
     result = export_model(
         model_dir,
@@ -59,7 +49,7 @@ def client(built: dict[str, Path]) -> Iterator[TestClient]:
         yield c
 
 
-def torch_logits(model_dir: Path, pairs: list[tuple[str, str] | str]) -> np.ndarray:
+def torch_logits(model_dir: Path, pairs: list[tuple[str, str] | str], window: int = WINDOW) -> np.ndarray:
     """PyTorch's logit for each pair (or text), tokenized as HF tokenizes a pair, cut at the window."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -70,7 +60,7 @@ def torch_logits(model_dir: Path, pairs: list[tuple[str, str] | str]) -> np.ndar
     with torch.no_grad():
         for item in pairs:
             args = (item,) if isinstance(item, str) else item
-            encoded = tokenizer(*args, truncation=True, max_length=WINDOW, return_tensors="pt")
+            encoded = tokenizer(*args, truncation=True, max_length=window, return_tensors="pt")
             rows.append(float(model(**encoded).logits[0, 0]))
     return np.array(rows)
 

@@ -116,7 +116,7 @@ def test_tei_rerank_answers_its_own_list(client: TestClient, built: dict[str, Pa
     ranks = client.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "raw_scores": True}).json()
     assert [r["index"] for r in ranks] == np.argsort(-expected, kind="stable").tolist()
     np.testing.assert_allclose([r["score"] for r in ranks], np.sort(expected)[::-1], atol=1e-5)
-    assert all(set(r) == {"index", "score"} for r in ranks)
+    assert all(set(r) == {"index", "score", "model"} and r["model"] == EMBED for r in ranks)  # + who scored
     with_text = client.post("/rerank", json={"query": QUERY, "texts": DOCUMENTS, "return_text": True}).json()
     assert all(r["text"] == DOCUMENTS[r["index"]] for r in with_text)
 

@@ -1,0 +1,102 @@
+"""The ranking cascade: a cross-encoder student ranks a query's documents, and its teacher reads again the few
+it could not tell apart.
+
+A search engine's reranker must read every candidate, which is what makes it dear; most of those candidates
+are far from the best, and a student distilled from the reranker already says so. So the student scores all
+documents, and those within the pair's margin of its best (when at least two are: one alone is not in
+doubt) go to the teacher, which orders them first by its own scores; the rest follow in the student's
+order. Where the teacher's best document is among those read again, the answer's best document is the
+teacher's. The margin (a distance in relevance logits) is calibrated at export for a share of queries whose
+best document is the teacher's (common.cascade's ranking half; `CascadeCalibration` "score-margin"), and
+is overridden per request (`cascade_margin`) or per server (`DISTILSERVE_CASCADE_MARGIN`);
+`DISTILSERVE_CASCADE=off` lets the student rank alone.
+
+Live agreement: a sampled share of queries (`DISTILSERVE_SHADOW_RATE`) has the teacher score the documents it
+did not read, off the client's path and within service.cascade's shadow limits; a query agrees where the
+student's own best document is the teacher's, the unit of the calibration's `student_agreement`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from service.exchange import Exchange
+
+if TYPE_CHECKING:  # the tasks import this room; the pairs and models come to it from them
+    from service.cascade import Pair, Pairs
+    from service.served import ServedModel
+
+    # A model's raw score of some of the request's documents (by index): a relevance logit, or a cosine.
+    Score = Callable[[ServedModel, Sequence[int], Exchange], Awaitable[list[float]]]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A query's documents ranked: each one's raw score, by the model named beside it, and the order."""
+
+    scores: list[float]
+    scored_by: list[str]
+    order: list[int]  # document indices, best first
+
+
+def best_first(scores: Sequence[float], among: Sequence[int]) -> list[int]:
+    """`among` by score, highest first (ties: the earlier)."""
+    return sorted(among, key=lambda i: -scores[i])
+
+
+async def rank(
+    pairs: Pairs, model: ServedModel, documents: int, score: Score, requested: float | None, x: Exchange
+) -> Ranked:
+    """The documents ranked by `model`, or by the ranking cascade where it has a cross-encoder teacher."""
+    every = range(documents)
+    pair = pairs.pair_of(model)
+    if pair is None or not pair.ranking:
+        return _alone(model, await score(model, every, x), x)
+    pair.inputs.inc(documents)
+    if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
+        pair.fallbacks.inc(documents)
+        return _alone(pair.teacher, await score(pair.teacher, every, x), x)
+    with pairs.serving():
+        mine = await score(model, every, x)
+    margin = pairs.margin(pair, requested)
+    near = [] if margin is None else [i for i in every if mine[i] >= max(mine) - margin]
+    if len(near) < 2:
+        near = []
+    scores, scored_by = list(mine), [model.name] * documents
+    if near:
+        pair.fallbacks.inc(len(near))
+        for i, s in zip(near, await score(pair.teacher, near, x), strict=True):
+            scores[i], scored_by[i] = s, pair.teacher.name
+    read = set(near)
+    order = best_first(scores, near) + best_first(mine, [i for i in every if i not in read])
+    names = [model.name] if len(near) < documents else []
+    x.answered_by = tuple(names + ([pair.teacher.name] if near else []))
+    if documents > 1 and pairs.sampled():
+        _check(pairs, pair, mine, {i: scores[i] for i in near}, score, x)
+    return Ranked(scores, scored_by, order)
+
+
+def _alone(model: ServedModel, scores: list[float], x: Exchange) -> Ranked:
+    x.answered_by = (model.name,)
+    return Ranked(scores, [model.name] * len(scores), best_first(scores, range(len(scores))))
+
+
+def _check(
+    pairs: Pairs, pair: Pair, mine: list[float], known: dict[int, float], score: Score, x: Exchange
+) -> None:
+    """The teacher scores the documents it has not read (off the client's path): is the student's own best
+    document the teacher's best?"""
+    unread = [i for i in range(len(mine)) if i not in known]
+
+    async def check() -> tuple[int, int]:
+        theirs = dict(known)
+        if unread:
+            shadow = Exchange(limits=x.limits, shadow=True)
+            theirs.update(zip(unread, await score(pair.teacher, unread, shadow), strict=True))
+        student_best = best_first(mine, range(len(mine)))[0]
+        teacher_best = max(sorted(theirs), key=lambda i: theirs[i])
+        return 1, int(student_best == teacher_best)
+
+    pairs.check_later(pair, 1, check)
