@@ -3,7 +3,8 @@
     python -m benchmarks.rerank --repository build/real/rerank/models --model minilm \\
         --squad ../shared/data/squad_v1.1_part_a.json --out docs/bench
     python -m benchmarks.rerank --repository build/real/rerank/models --model minilm \\
-        --squad build/real/rerank/data/eval-squad.json --ranker ranker-teacher --ranker ranker --candidates 10
+        --squad build/real/rerank/data/eval-squad.json \\
+        --ranker ranker-teacher --ranker ranker:0 --ranker ranker
 
 Without `--ranker`, the embedding model alone and its passage cache:
 1. Quality: recall@1 of the gold paragraph over every question, the served graph's ranking; the
@@ -15,7 +16,9 @@ Without `--ranker`, the embedding model alone and its passage cache:
 With `--ranker` (cross-encoders, e.g. a teacher and its distilled student), retrieve then rerank: the
 embedding model's best `--candidates` paragraphs, then each ranker's best of those; recall@1 of each stage
 (and of the candidates: the most a reranker can reach), and each ranker's questions/s on the same
-candidates, side by side.
+candidates, side by side. `--ranker ranker:1.5` ranks with a request's `cascade_margin` (a student paired
+with its teacher: the ranking cascade, service.ranking; `ranker:0`, the student alone), `--ranker ranker`
+as served (its calibrated margin); each run's best paragraph is compared with the first ranker's.
 Each server takes up to 128 texts a request (the longest article has 98 paragraphs).
 """
 
@@ -143,50 +146,94 @@ def cache_study(repository: Path, model: str, questions: list[Question], connect
     return "\n".join(lines)
 
 
+def ranker_spec(spec: str) -> tuple[str, float | None]:
+    """`name` (as served: a pair's student ranks by its calibrated cascade) or `name:margin` (a request's
+    `cascade_margin`; 0: the student alone)."""
+    name, _, margin = spec.partition(":")
+    return name, float(margin) if margin else None
+
+
 def two_stage(
     repository: Path, model: str, rankers: list[str], questions: list[Question], connections: int, k: int
-) -> str:
-    """The embedding model's best k paragraphs, then each ranker's best of those."""
+) -> tuple[str, list[dict[str, Any]]]:
+    """The embedding model's best k paragraphs, then each ranker's order of those: recall@1, agreement of
+    its best with the first ranker's, the share of documents a pair's teacher scored, and speed."""
     with serve(repository, ENV) as base:
         first = closed_loop(base, [body(model, q, k) for q in questions], connections, f"{model}: top {k}")
         candidates = [[r["index"] for r in a["results"]] for a in first["answers"]]
         runs = {}
-        for ranker in rankers:
+        for spec in rankers:
+            name, margin = ranker_spec(spec)
+            extra = {} if margin is None else {"cascade_margin": margin}
             bodies = [
                 json.dumps(
-                    {"model": ranker, "query": q.text, "documents": [q.paragraphs[i] for i in c], "top_n": 1}
+                    {"model": name, "query": q.text, "documents": [q.paragraphs[i] for i in c], "top_n": 0}
+                    | extra
                 )
                 for q, c in zip(questions, candidates, strict=True)
             ]
-            runs[ranker] = closed_loop(base, bodies, connections, f"{ranker}: rerank {k}")
+            runs[spec] = closed_loop(base, bodies, connections, f"{spec}: rerank {k}")
     golds = [q.gold for q in questions]
     n = len(questions)
     retrieved = sum(c[0] == g for c, g in zip(candidates, golds, strict=True))
     reachable = sum(g in c for c, g in zip(candidates, golds, strict=True))
+    reference = [a["results"][0]["index"] for a in next(iter(runs.values()))["answers"]]
+    rows = []
+    for spec, run in runs.items():
+        best = [a["results"][0]["index"] for a in run["answers"]]
+        name, _ = ranker_spec(spec)
+        scored = [r["model"] for a in run["answers"] for r in a["results"]]
+        rows.append(
+            {
+                "ranker": spec,
+                "recall_at_1": sum(c[b] == g for b, c, g in zip(best, candidates, golds, strict=True)) / n,
+                "agreement": sum(b == r for b, r in zip(best, reference, strict=True)) / n,
+                "read_again": sum(m != name for m in scored) / len(scored),
+                "qps": run["qps"],
+                "p50_ms": run["p50_ms"],
+                "p99_ms": run["p99_ms"],
+            }
+        )
     lines = [
         f"# Retrieve, then rerank: {model}'s best {k} paragraphs, reranked",
         "",
-        f"{n:,} questions against their article's paragraphs; `/v1/rerank`, {connections} clients at once.",
+        f"{n:,} questions against their article's paragraphs; `/v1/rerank`, {connections} clients at once. "
+        f"A ranker `name:m` ranks with `cascade_margin` m (0: the student alone); `name` alone as served "
+        f"(a pair's student: its calibrated margin). Agreement: its best paragraph is {rankers[0]}'s; "
+        "read again: the share of paragraphs its teacher scored.",
         "",
-        "| stage | recall@1 | questions/s | p50 ms | p99 ms |",
-        "|---|---|---|---|---|",
-        f"| {model} alone (cosine) | {retrieved / n:.4f} | {first['qps']:,.1f} | {first['p50_ms']:.1f} | "
+        "| stage | recall@1 | agreement | read again | questions/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+        f"| {model} alone (cosine) | {retrieved / n:.4f} | | | {first['qps']:,.1f} | {first['p50_ms']:.1f} | "
         f"{first['p99_ms']:.1f} |",
-        f"| its best {k} hold the gold paragraph (what a reranker can reach) | {reachable / n:.4f} | | | |",
+        f"| its best {k} hold the gold paragraph (the most a reranker reaches) | {reachable / n:.4f} |"
+        " | | | | |",
     ]
-    for ranker, run in runs.items():
-        hits = sum(
-            c[a["results"][0]["index"]] == g
-            for a, c, g in zip(run["answers"], candidates, golds, strict=True)
-        )
+    for row in rows:
         lines.append(
-            f"| {ranker} reranking them | **{hits / n:.4f}** | {run['qps']:,.1f} | {run['p50_ms']:.1f} | "
-            f"{run['p99_ms']:.1f} |"
+            f"| {row['ranker']} reranking them | **{row['recall_at_1']:.4f}** | {row['agreement']:.2%} | "
+            f"{row['read_again']:.1%} | {row['qps']:,.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} |"
         )
-    if len(runs) == 2:
-        (a, ra), (b, rb) = runs.items()
-        lines += ["", f"{b} ÷ {a}, questions/s reranking: {rb['qps'] / ra['qps']:.2f}x."]
-    return "\n".join([*lines, ""])
+    lines += [
+        "",
+        f"Questions/s ÷ {rows[0]['ranker']}'s: "
+        + ", ".join(f"{row['ranker']} {row['qps'] / rows[0]['qps']:.2f}x" for row in rows[1:])
+        + ".",
+    ]
+    return "\n".join([*lines, ""]), rows
+
+
+def plot_rankers(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Recall@1 against questions/s, one point per ranker (the cascade's margins joined by a line)."""
+    from benchmarks.plots import saved_axes
+
+    with saved_axes(path, (6.4, 4.2), title, "questions/s", "recall@1 of the gold paragraph") as ax:
+        swept = [r for r in rows if ":" in r["ranker"]]
+        if len(swept) > 1:
+            swept.sort(key=lambda r: r["qps"])
+            ax.plot([r["qps"] for r in swept], [r["recall_at_1"] for r in swept], color="tab:blue", alpha=0.5)
+        for row in rows:
+            ax.scatter([row["qps"]], [row["recall_at_1"]], label=row["ranker"])
 
 
 @app.command()
@@ -204,8 +251,13 @@ def main(
 ) -> None:
     questions = squad_questions(squad)
     if ranker:
-        text = two_stage(repository, model, ranker, questions, connections, candidates)
-        name = f"rerank-{model}-{'-'.join(ranker)}.md"
+        text, rows = two_stage(repository, model, ranker, questions, connections, candidates)
+        stem = f"rerank-{model}-{'-'.join(dict.fromkeys(ranker_spec(r)[0] for r in ranker))}"
+        name = f"{stem}.md"
+        out.mkdir(parents=True, exist_ok=True)
+        plot_rankers(rows, out / f"{stem}.png", f"{model}'s best {candidates}, reranked")
+        text += f"\n![recall@1 against speed]({stem}.png)\n"
+        (out / f"{stem}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
     else:
         text = cache_study(repository, model, questions, connections, speed_questions)
         name = f"rerank-{model}.md"

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from benchmarks import cascade, engine_bench, http_bench, version_switch
+from benchmarks import cascade, engine_bench, http_bench, rerank, version_switch
 from benchmarks.cascade_eval import Quality
 from benchmarks.plots import saved_axes, saved_figure
 from benchmarks.wrk_load import LoadResult
@@ -53,6 +53,11 @@ def test_each_report_draws_its_results(tmp_path: Path) -> None:
     ]
     marks = {"landed_s": 1.5, "unloaded_s": 2.5, "first_new_s": 2.0}
     version_switch.plot(answers, marks, tmp_path / "v.png")
-    for name in "cehv":
+    rankers = [
+        {"ranker": spec, "recall_at_1": 0.7 + 0.01 * i, "qps": 10.0 - i}
+        for i, spec in enumerate(["ranker:0", "ranker:1", "ranker", "ranker-teacher"])
+    ]
+    rerank.plot_rankers(rankers, tmp_path / "r.png", "reranked")
+    for name in "cehvr":
         assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG)
     assert plt.get_fignums() == []
