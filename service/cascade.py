@@ -129,10 +129,10 @@ class Pairs:
                 metrics.shadow_dropped.labels(model.name, teacher.name),
             )
             record = model.manifest.distillation
-            if ranking:  # live checks count queries whose best document is the teacher's: calibration's unit
+            if ranking:  # live checks count queries served the teacher's best document (service.ranking)
                 if calibration is not None:
                     agreement = metrics.distillation_agreement.labels(model.name, teacher.name)
-                    agreement.set(calibration.student_agreement)
+                    agreement.set(calibration.agreement)
             elif record is not None and record.agreement is not None:
                 metrics.distillation_agreement.labels(model.name, teacher.name).set(record.agreement)
 

@@ -12,8 +12,11 @@ is overridden per request (`cascade_margin`) or per server (`DISTILSERVE_CASCADE
 `DISTILSERVE_CASCADE=off` lets the student rank alone.
 
 Live agreement: a sampled share of queries (`DISTILSERVE_SHADOW_RATE`) has the teacher score the documents it
-did not read, off the client's path and within service.cascade's shadow limits; a query agrees where the
-student's own best document is the teacher's, the unit of the calibration's `student_agreement`.
+did not read, off the client's path and within service.cascade's shadow limits; a query agrees where the best
+document served is the teacher's best, the calibration's `agreement` (which the drift alert compares it
+with). Not the student's own best: how often that is the teacher's falls with every candidate a query brings
+(SQuAD's pair: 94.7 % of 3-paragraph queries, 80.8 % of 10-paragraph ones), while the cascade's holds
+(99.1 %, 98.0 %), so only the cascade's can be held to an export-time figure.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ async def rank(
     names = [model.name] if len(near) < documents else []
     x.answered_by = tuple(names + ([pair.teacher.name] if near else []))
     if documents > 1 and pairs.sampled():
-        _check(pairs, pair, mine, {i: scores[i] for i in near}, score, x)
+        _check(pairs, pair, order[0], {i: scores[i] for i in near}, documents, score, x)
     return Ranked(scores, scored_by, order)
 
 
@@ -84,19 +87,17 @@ def _alone(model: ServedModel, scores: list[float], x: Exchange) -> Ranked:
 
 
 def _check(
-    pairs: Pairs, pair: Pair, mine: list[float], known: dict[int, float], score: Score, x: Exchange
+    pairs: Pairs, pair: Pair, served: int, known: dict[int, float], documents: int, score: Score, x: Exchange
 ) -> None:
-    """The teacher scores the documents it has not read (off the client's path): is the student's own best
-    document the teacher's best?"""
-    unread = [i for i in range(len(mine)) if i not in known]
+    """The teacher scores the documents it has not read (off the client's path): is the best document
+    served, `served`, the teacher's best?"""
+    unread = [i for i in range(documents) if i not in known]
 
     async def check() -> tuple[int, int]:
         theirs = dict(known)
         if unread:
             shadow = Exchange(limits=x.limits, shadow=True)
             theirs.update(zip(unread, await score(pair.teacher, unread, shadow), strict=True))
-        student_best = best_first(mine, range(len(mine)))[0]
-        teacher_best = max(sorted(theirs), key=lambda i: theirs[i])
-        return 1, int(student_best == teacher_best)
+        return 1, int(served == max(sorted(theirs), key=lambda i: theirs[i]))
 
     pairs.check_later(pair, 1, check)

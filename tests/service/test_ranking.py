@@ -179,14 +179,14 @@ def test_a_bad_margin_is_a_4xx_that_names_it(client: TestClient) -> None:
         assert reply.status_code == 400 and "cascade_margin" in reply.text  # OpenAI's routes: a 400
 
 
-def test_shadow_checks_count_queries_whose_best_document_is_the_teachers(
+def test_shadow_checks_count_queries_served_the_teachers_best_document(
     ranking_pair: dict[str, Path],
 ) -> None:
     settings = Settings(model_repository=ranking_pair["repository"], shadow_rate=1.0, max_wait_ms=0)
     expected = 0
     with TestClient(create_app(settings)) as c:
         for query in RANKING_QUERIES:
-            _, headers = rerank(c, query=query, cascade_margin=0)  # the student ranks alone: all checked
+            _, headers = rerank(c, query=query, cascade_margin=0)  # the student's best is served
             assert headers["x-distilserve-answered-by"] == "ranker"
             mine, theirs = logits(ranking_pair["student"], query), logits(ranking_pair["teacher"], query)
             expected += int(np.argmax(mine) == np.argmax(theirs))
@@ -203,7 +203,16 @@ def test_shadow_checks_count_queries_whose_best_document_is_the_teachers(
         assert counted("distilserve_shadow_compared_total") == len(RANKING_QUERIES)
         assert counted("distilserve_shadow_agreed_total") == expected
         assert counted("distilserve_shadow_dropped_total") == 0
-        # the alert compares live agreement with the calibration's: the student's own best, per query
+        # the alert compares live agreement with the calibration's: queries served the teacher's best
         gauge = metric_value(c.get("/metrics").text, "distilserve_distillation_agreement", model="ranker")
         card = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "ranker")
-        assert gauge == pytest.approx(card["cascade"]["calibration"]["student_agreement"])
+        assert gauge == pytest.approx(card["cascade"]["calibration"]["agreement"])
+        # a query the teacher already ranked whole agrees by itself, and is still counted
+        rerank(c, cascade_margin=1e6)
+        deadline = time.monotonic() + 10
+        while (
+            counted("distilserve_shadow_compared_total") < len(RANKING_QUERIES) + 1
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
+        assert counted("distilserve_shadow_agreed_total") == expected + 1
