@@ -19,7 +19,7 @@ from export.calibration import CASCADE_TASKS
 from export.pipeline import ExportError, ExportResult, PairSpec, export_model, usage_problems
 from export.repository import served_teacher
 from export.variants import ALL_VARIANTS, DEFAULT_VARIANTS, DRAFT_HEAD_TOKENS, DRAFT_VARIANTS
-from service.manifest import Task, TeacherRef
+from service.manifest import DistillationRecord, Manifest, Task, TeacherRef
 
 console = line_console(stderr=True)
 
@@ -141,6 +141,13 @@ def _pair(
     return PairSpec(TeacherRef(name=teacher_name, version=int(result.version_dir.name)), teacher_dir)
 
 
+def _distillation(result: ExportResult) -> DistillationRecord | None:
+    """The distillation record the written student's manifest carries."""
+    if result.version_dir is None:
+        return None
+    return Manifest.model_validate_json((result.version_dir / "manifest.json").read_text()).distillation
+
+
 def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
     teacher = f"{pair.teacher.name} version {pair.teacher.version}"
     if task == "text-generation":
@@ -173,6 +180,13 @@ def _say_pair(result: ExportResult, pair: PairSpec, task: str) -> None:
         console.print(
             f"the cascade costs less than the teacher alone up to {p.agreement:.2%} agreement (threshold "
             f"{p.threshold:.4f}, {p.fallback_rate:.1%} sent)"
+        )
+    record = _distillation(result)
+    if record is not None and record.student_ahead:
+        print_warning(
+            f"the student scored {record.student.score} ({record.metric}) on its distillation eval and the "
+            f"teacher {record.teacher.score}: a cascade gives the teacher's answers, at a cost in quality "
+            "(serve with DISTILSERVE_CASCADE=off to keep the student's, or distil from a better teacher)"
         )
     if c.costs_more_than_teacher:
         print_warning(

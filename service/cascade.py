@@ -129,6 +129,16 @@ class Pairs:
                 metrics.shadow_dropped.labels(model.name, teacher.name),
             )
             record = model.manifest.distillation
+            if record is not None and record.student_ahead and model.manifest.task in CASCADE_TASKS:
+                log.warning(
+                    "%s v%d scored %s on its distillation eval, its teacher %s %s: the cascade gives the "
+                    "teacher's answers, at a cost in quality (DISTILSERVE_CASCADE=off keeps the student's)",
+                    model.name,
+                    key[1],
+                    record.student.score,
+                    teacher.name,
+                    record.teacher.score,
+                )
             if ranking:  # live checks count queries served the teacher's best document (service.ranking)
                 if calibration is not None:
                     agreement = metrics.distillation_agreement.labels(model.name, teacher.name)
@@ -278,12 +288,14 @@ class Pairs:
             cascade = None if reason is None else {"active": False, "threshold": None, "reason": reason}
             return {"teacher": None, "cascade": cascade}
         threshold = self.margin(pair, None) if pair.ranking else self.threshold(pair, None)
+        record = model.manifest.distillation
         return {
             "teacher": {"name": pair.teacher.name, "version": pair.teacher.manifest.version},
             "cascade": {
                 "active": threshold is not None,
                 "threshold": threshold,
                 "teacher_directly": self.teacher_directly(pair, None),
+                "student_ahead": record is not None and record.student_ahead,
                 "reason": None if threshold is not None else self._why_off(pair),
                 "calibration": calibration.model_dump() if calibration is not None else None,
             },

@@ -189,6 +189,16 @@ class DistillationRecord(_Strict):
     eval_source: str | None = None
     eval_examples: int | None = None
 
+    @property
+    def student_ahead(self) -> bool:
+        """The student scored better than its teacher on the distillation eval (a short-trained teacher,
+        a student taught longer): a cascade's answers from that teacher cost quality, not only time."""
+        mine, theirs = self.student.score, self.teacher.score
+        if mine is None or theirs is None:
+            return False
+        lower_is_better = any(word in self.metric.lower() for word in ("perplexity", "loss"))
+        return mine < theirs if lower_is_better else mine > theirs
+
 
 class TeacherRef(_Strict):
     """The model version a student was distilled from, as the same repository serves it."""

@@ -39,8 +39,10 @@ class ModelCard(BaseModel):
         None,
         description="A student with a teacher: whether unsure inputs go to the teacher (`active`), at which "
         "`threshold`, whether the teacher answers without the student (`teacher_directly`: at the calibrated "
-        "threshold the cascade costs more than the teacher alone), the export's `calibration`, and `reason` "
-        "when off.",
+        "threshold the cascade costs more than the teacher alone), whether the student scored above its "
+        "teacher on its distillation eval (`student_ahead`: the teacher's answers then cost quality), the "
+        "export's `calibration` (a cross-encoder's `confidence` \"score-margin\": `threshold` is the ranking "
+        "cascade's margin in logits), and `reason` when off.",
     )
     chat: bool | None = Field(
         None,

@@ -70,3 +70,27 @@ def test_only_a_generation_student_has_a_variant_that_drafts_only() -> None:
         Manifest.model_validate(student | {"teacher": None})  # no teacher to draft for
     with pytest.raises(ValidationError, match="drafts only"):
         Manifest.model_validate(student | {"variants": {"fp32": variant | {"drafts_only": True}}})
+
+
+@pytest.mark.parametrize(
+    ("metric", "student", "teacher", "ahead"),
+    [
+        ("accuracy", 0.9119, 0.9002, True),  # the SQuAD ranker taught longer than its teacher was trained
+        ("accuracy", 0.88, 0.90, False),
+        ("f1", 0.61, 0.68, False),
+        ("perplexity", 21.0, 24.0, True),  # lower is better
+        ("eval_loss", 2.0, 1.5, False),
+        ("accuracy", None, 0.9, False),  # a score missing: nothing to say
+    ],
+)
+def test_a_student_is_ahead_of_its_teacher_by_the_metrics_direction(
+    metric: str, student: float | None, teacher: float | None, ahead: bool
+) -> None:
+    from service.manifest import DistillationRecord, ModelScore
+
+    record = DistillationRecord(
+        metric=metric,
+        teacher=ModelScore(source="teacher", params=2, score=teacher),
+        student=ModelScore(source="student", params=1, score=student),
+    )
+    assert record.student_ahead is ahead

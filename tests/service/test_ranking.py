@@ -125,6 +125,30 @@ def test_the_calibrated_margin_is_the_default_and_models_describe_it(
         assert headers["x-distilserve-answered-by"] == ", ".join(names)
 
 
+def test_models_say_where_the_student_scored_above_its_teacher(
+    ranking_pair: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    repository = tmp_path / "models"
+    shutil.copytree(ranking_pair["repository"], repository)
+    path = repository / "ranker" / "1" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["distillation"] = {  # the SQuAD ranker's: taught for a whole pass, its teacher for half of one
+        "metric": "accuracy",
+        "teacher": {"source": "teacher", "params": 2, "score": 0.9002},
+        "student": {"source": "student", "params": 1, "score": 0.9119},
+    }
+    path.write_text(json.dumps(manifest))
+    with TestClient(create_app(Settings(model_repository=repository))) as c:
+        card = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "ranker")
+        assert card["cascade"]["student_ahead"] is True
+    with TestClient(create_app(Settings(model_repository=ranking_pair["repository"]))) as c:
+        card = next(m for m in c.get("/v1/models").json()["models"] if m["name"] == "ranker")
+        assert card["cascade"]["student_ahead"] is False  # no distillation record: nothing to say
+
+
 def test_a_ranking_cascade_dearer_than_its_teacher_leaves_the_student_out(
     ranking_pair: dict[str, Path], tmp_path: Path
 ) -> None:
