@@ -3,7 +3,9 @@
 Both PyTorch models answer the same eval inputs as the service would answer them (the top label; the best
 span of the context, scored as the service scores it; the top token at the one mask) and the student's
 confidence is the score of its best answer, exactly what the service compares with the threshold.
-Inputs are read with each model's own tokenizer, so a pair need not share one.
+Inputs are read with each model's own tokenizer, so a pair need not share one. A cross-encoder pair (one
+label) is calibrated as a ranking instead: the pair file's (query, document) rows grouped by query, each
+document's relevance logit from both models, and the margin of common.cascade's ranking cascade.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -182,16 +184,34 @@ def calibrate_pair(
     theirs = answers(*teacher, task, inputs, max_length)
     agrees = [a == b for a, b in zip(mine.best, theirs.best, strict=True)]
     found = calibrate(mine.confidence, agrees, target)
-    cost = mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None
+    cost = _cost(mine, theirs)
     paying = None if cost is None else paying_limit(mine.confidence, agrees, cost)
+    return _recorded(found, target, str(eval_data), cost, paying, "top-score")
+
+
+def _cost(mine: Answers, theirs: Answers) -> float | None:
+    """The student's time over the calibration inputs ÷ the teacher's (None: not timed)."""
+    return mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None
+
+
+def _recorded(
+    found: Calibration,
+    target: float,
+    source: str,
+    cost: float | None,
+    paying: Calibration | None,
+    confidence: Literal["top-score", "score-margin"],
+) -> CascadeCalibration:
+    """A calibration as the student's manifest records it."""
     return CascadeCalibration(
+        confidence=confidence,
         threshold=found.threshold,
         target_agreement=target,
         agreement=found.agreement,
         fallback_rate=found.fallback_rate,
         student_agreement=found.student_agreement,
         eval_examples=found.examples,
-        eval_source=str(eval_data),
+        eval_source=source,
         student_cost=cost,
         paying_limit=None if paying is None else _paying_limit(paying),
     )
@@ -225,17 +245,6 @@ def _calibrate_ranking(
     bounds = np.cumsum([0, *map(len, groups)])
     scored = [(mine.confidence[a:b], theirs.confidence[a:b]) for a, b in itertools.pairwise(bounds)]
     found = calibrate_margin(scored, target)
-    cost = mine.seconds / theirs.seconds if mine.seconds > 0 and theirs.seconds > 0 else None
+    cost = _cost(mine, theirs)
     paying = None if cost is None else paying_margin(scored, cost)
-    return CascadeCalibration(
-        confidence="score-margin",
-        threshold=found.threshold,
-        target_agreement=target,
-        agreement=found.agreement,
-        fallback_rate=found.fallback_rate,
-        student_agreement=found.student_agreement,
-        eval_examples=found.examples,
-        eval_source=source,
-        student_cost=cost,
-        paying_limit=None if paying is None else _paying_limit(paying),
-    )
+    return _recorded(found, target, source, cost, paying, "score-margin")

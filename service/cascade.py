@@ -153,13 +153,7 @@ class Pairs:
         """The request's own threshold, else the setting's, else the calibrated one; None: student only.
         A ranking pair's inputs go to the teacher by a request's own threshold only (its calibration is
         a margin between documents, `margin`)."""
-        if requested is not None or pair.ranking:
-            return requested
-        if self.settings.cascade == "off":
-            return None
-        if self.settings.cascade_threshold is not None:
-            return self.settings.cascade_threshold
-        return pair.calibrated
+        return requested if pair.ranking else self._chosen(pair, requested, self.settings.cascade_threshold)
 
     def teacher_directly(self, pair: Pair, requested: float | None) -> bool:
         """The calibrated threshold applies, and there the teacher alone costs less than the cascade."""
@@ -170,13 +164,15 @@ class Pairs:
     def margin(self, pair: Pair, requested: float | None) -> float | None:
         """A ranking pair's margin: the request's own, else the setting's, else the calibrated one; None:
         the student ranks alone."""
+        return self._chosen(pair, requested, self.settings.cascade_margin)
+
+    def _chosen(self, pair: Pair, requested: float | None, setting: float | None) -> float | None:
+        """A request's own value, else the server's setting, else the pair's calibrated one; None: off."""
         if requested is not None:
             return requested
         if self.settings.cascade == "off":
             return None
-        if self.settings.cascade_margin is not None:
-            return self.settings.cascade_margin
-        return pair.calibrated
+        return setting if setting is not None else pair.calibrated
 
     async def answer(
         self,
