@@ -254,7 +254,9 @@ def main(
             min=0.0,
             max=1.0,
             help="The share of eval inputs on which the cascade (student, unsure inputs to the teacher) must "
-            "agree with the teacher alone; the lowest threshold that reaches it is written.",
+            "agree with the teacher alone; the lowest threshold that reaches it is written. A cross-encoder "
+            "(one label; --eval-data a pair file): the share of its queries whose best document must be "
+            "the teacher's, and the least margin that reaches it.",
         ),
     ] = 0.99,
     draft_from: Annotated[

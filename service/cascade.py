@@ -300,5 +300,6 @@ class Pairs:
     def _why_off(self, pair: Pair) -> str:
         if self.settings.cascade == "off":
             return "DISTILSERVE_CASCADE=off"
-        setting = "DISTILSERVE_CASCADE_MARGIN" if pair.ranking else "DISTILSERVE_CASCADE_THRESHOLD"
-        return f"exported without eval data: no calibrated threshold (set {setting})"
+        if pair.ranking:
+            return "exported without eval data: no calibrated margin (set DISTILSERVE_CASCADE_MARGIN)"
+        return "exported without eval data: no calibrated threshold (set DISTILSERVE_CASCADE_THRESHOLD)"

@@ -57,14 +57,17 @@ async def rank(
     pair = pairs.pair_of(model)
     if pair is None or not pair.ranking:
         return _alone(model, await score(model, every, x), x)
-    pair.inputs.inc(documents)
     if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
+        pair.inputs.inc(documents)
         pair.fallbacks.inc(documents)
         return _alone(pair.teacher, await score(pair.teacher, every, x), x)
     with pairs.serving():
         mine = await score(model, every, x)
     margin = pairs.margin(pair, requested)
-    near = [] if margin is None else [i for i in every if mine[i] >= max(mine) - margin]
+    if margin is not None:  # counted where a cascade applies, as service.cascade counts its inputs
+        pair.inputs.inc(documents)
+    floor = max(mine) - (margin or 0.0)
+    near = [] if margin is None else [i for i in every if mine[i] >= floor]
     if len(near) < 2:
         near = []
     scores, scored_by = list(mine), [model.name] * documents
