@@ -48,6 +48,7 @@ def distillation_record(model_dir: Path) -> DistillationRecord | None:
     report = json.loads(path.read_text(encoding="utf-8"))
     teacher, student = report.get("teacher", {}), report.get("student", {})
     evaluation = report.get("eval", {})
+    cosine = student.get("metrics", {}).get("teacher_cosine")  # training.distill_embeddings writes it
     return DistillationRecord(
         metric=str(report.get("metric", "score")),
         teacher=ModelScore(
@@ -57,6 +58,7 @@ def distillation_record(model_dir: Path) -> DistillationRecord | None:
         agreement=report.get("agreement"),
         eval_source=evaluation.get("source"),
         eval_examples=evaluation.get("examples"),
+        teacher_cosine=None if cosine is None else min(1.0, max(-1.0, float(cosine))),  # float error past 1
     )
 
 

@@ -18,7 +18,8 @@ throughput and 40 % on p99 before this gate). Whether the two best answers agree
 live twin of the agreement the distillation report measured offline, with an alert rule on it
 (deploy/prometheus/alerts.yml). A generation student's finished answers are checked the same way, per token
 (service.tasks.generation_shadow: does the teacher's most likely next token equal the one the student wrote),
-the unit of the next-token agreement its distillation report gives.
+the unit of the next-token agreement its distillation report gives; an embedding student's vectors by their
+cosine with the teacher's (service.tasks.embedding_shadow), the unit of its report's `teacher_cosine`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from service.exchange import Exchange, TextLimits
+from service.manifest import CascadeCalibration, DistillationRecord
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.served import ServedModel
@@ -45,6 +47,7 @@ AnswerAll = Callable[[ServedModel, Sequence[I], Exchange], Awaitable[list[R]]]
 CASCADE_TASKS = frozenset({"text-classification", "question-answering", "fill-mask"})
 SHADOW_IN_FLIGHT = 64  # inputs a process has with teachers for shadow checks at once; beyond: dropped
 SHADOW_BUSY = 4  # client requests in flight in this process beyond which no shadow check is sent
+Checked = tuple[int, float]  # a shadow check's (inputs compared, agreed: a count, or a sum of cosines)
 SHADOW_TIMEOUT_S = 5.0  # a shadow check not done within this long is dropped (and leaves the queue)
 
 
@@ -105,6 +108,13 @@ class Pairs:
             if ranking and not teacher.manifest.cross_encoder:
                 self._unpaired[key] = f"its teacher {ref.name} is not a cross-encoder (one label)"
                 continue
+            mine, theirs = model.manifest.embedding, teacher.manifest.embedding
+            if mine is not None and theirs is not None and mine.dimensions != theirs.dimensions:
+                self._unpaired[key] = (
+                    f"its teacher {ref.name}'s vectors have {theirs.dimensions} dimensions, its own "
+                    f"{mine.dimensions}: not comparable"
+                )
+                continue
             calibration = model.manifest.cascade
             direct = calibration is not None and calibration.costs_more_than_teacher
             if direct and calibration is not None:
@@ -139,12 +149,9 @@ class Pairs:
                     teacher.name,
                     record.teacher.score,
                 )
-            if ranking:  # live checks count queries served the teacher's best document (service.ranking)
-                if calibration is not None:
-                    agreement = metrics.distillation_agreement.labels(model.name, teacher.name)
-                    agreement.set(calibration.agreement)
-            elif record is not None and record.agreement is not None:
-                metrics.distillation_agreement.labels(model.name, teacher.name).set(record.agreement)
+            reference = _live_reference(model, record, calibration)
+            if reference is not None:  # what the drift alert holds live agreement to
+                metrics.distillation_agreement.labels(model.name, teacher.name).set(reference)
 
     def pair_of(self, model: ServedModel) -> Pair | None:
         return self._pairs.get((model.name, model.manifest.version))
@@ -248,10 +255,11 @@ class Pairs:
         rate = self.settings.shadow_rate
         return rate >= 1.0 or (rate > 0 and self._random.random() < rate)
 
-    def check_later(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[tuple[int, int]]]) -> None:
+    def check_later(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[Checked]]) -> None:
         """Run a teacher's check of `inputs` student answers off the client's path, within the shadow limits
-        (the module's docstring); `check` returns (compared, agreed), counted per pair. Refused, too late or
-        failed, the inputs count as dropped, never as an error."""
+        (the module's docstring); `check` returns (compared, agreed), counted per pair (agreed: a count, or
+        for embeddings a sum of cosines). Refused, too late or failed, the inputs count as dropped, never as
+        an error."""
         busy = self._clients_in_flight > SHADOW_BUSY  # other requests of this process at the engine
         if busy or self._shadow_in_flight + inputs > SHADOW_IN_FLIGHT:
             pair.dropped.inc(inputs)
@@ -261,7 +269,7 @@ class Pairs:
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    async def _check(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[tuple[int, int]]]) -> None:
+    async def _check(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[Checked]]) -> None:
         try:
             compared, agreed = await asyncio.wait_for(check(), SHADOW_TIMEOUT_S)
         except Exception:  # refused under load, dropped for a client, too late: uncounted, never an error
@@ -303,3 +311,16 @@ class Pairs:
         if pair.ranking:
             return "exported without eval data: no calibrated margin (set DISTILSERVE_CASCADE_MARGIN)"
         return "exported without eval data: no calibrated threshold (set DISTILSERVE_CASCADE_THRESHOLD)"
+
+
+def _live_reference(
+    model: ServedModel, record: DistillationRecord | None, calibration: CascadeCalibration | None
+) -> float | None:
+    """The export-time figure a pair's live agreement is held to, in the same unit: a ranking pair's
+    calibrated agreement (queries served the teacher's best document), an embedding student's mean cosine
+    with its teacher, else the distillation report's agreement."""
+    if model.manifest.cross_encoder:
+        return None if calibration is None else calibration.agreement
+    if record is None:
+        return None
+    return record.teacher_cosine if model.manifest.embedding is not None else record.agreement

@@ -188,6 +188,9 @@ class DistillationRecord(_Strict):
     agreement: float | None = None
     eval_source: str | None = None
     eval_examples: int | None = None
+    # sentence-embeddings: the mean cosine of the student's vectors with its teacher's over the eval
+    # sentences, the unit of an embedding student's live agreement (service.tasks.embedding_shadow)
+    teacher_cosine: float | None = Field(None, ge=-1.0, le=1.0)
 
     @property
     def student_ahead(self) -> bool:

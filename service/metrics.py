@@ -284,7 +284,8 @@ class Metrics:
         )
         self.shadow_agreed = Counter(
             "distilserve_shadow_agreed",
-            "Checked student answers whose best answer equals the teacher's.",
+            "Checked student answers whose best answer equals the teacher's (an embedding student: the sum "
+            "of its vectors' cosines with the teacher's).",
             ["model", "teacher"],
             registry=r,
         )
@@ -309,7 +310,8 @@ class Metrics:
         )
         self.distillation_agreement = Gauge(
             "distilserve_distillation_agreement",
-            "The student's agreement with its teacher on the eval split, as its distillation report says.",
+            "The student's agreement with its teacher on the eval split, as its distillation report says (an "
+            "embedding student: its vectors' mean cosine with the teacher's).",
             ["model", "teacher"],
             multiprocess_mode="livemax",
             registry=r,

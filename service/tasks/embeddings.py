@@ -27,7 +27,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 
 from service.exchange import Exchange
 from service.tasks import similarity
-from service.tasks.common import passed, run_texts, validated
+from service.tasks.common import passed, validated
 from service.tasks.contract import (
     Collaborators,
     Endpoint,
@@ -39,6 +39,7 @@ from service.tasks.contract import (
     V2Job,
     tensor,
 )
+from service.tasks.embedding_shadow import embedded_rows
 from service.tasks.vectors import EMBEDDINGS, embedding_spec, l2_normalized, stacked
 
 if TYPE_CHECKING:
@@ -140,8 +141,8 @@ async def handle_openai(body: EmbeddingsRequest, x: Exchange, c: Collaborators) 
     spec = embedding_spec(model)
     check_dimensions(body.dimensions, spec)
     texts = c.texts(body.input, x)
-    outputs, tokens = await run_texts(model, texts, None, c.metrics, c.settings.request_timeout_s, x)
-    vectors = shortened(stacked(outputs, spec.output), body.dimensions)
+    _, rows, tokens = await embedded_rows(model, texts, None, c, x)
+    vectors = shortened(rows, body.dimensions)
     data = [
         EmbeddingObject(
             object="embedding",
@@ -165,9 +166,8 @@ async def handle_tei(body: EmbedRequest, x: Exchange, c: Collaborators) -> list[
     model = c.resolve(NAME, body.model, None, x)
     spec = embedding_spec(model)
     texts = c.texts(body.inputs, x)
-    outputs, _ = await run_texts(model, texts, body.truncate, c.metrics, c.settings.request_timeout_s, x)
+    outputs, vectors, _ = await embedded_rows(model, texts, body.truncate, c, x)
     if body.normalize:
-        vectors = stacked(outputs, spec.output)
         return (vectors if spec.normalized else l2_normalized(vectors)).tolist()
     return stacked(outputs, spec.pooled_output or spec.output).tolist()
 
@@ -179,8 +179,8 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     )
     spec = embedding_spec(job.model)
     check_dimensions(body.dimensions, spec)
-    outputs, _ = await run_texts(job.model, texts, None, job.c.metrics, job.timeout_s, job.x)
-    return {"EMBEDDING": shortened(stacked(outputs, spec.output), body.dimensions)}
+    _, rows, _ = await embedded_rows(job.model, texts, None, job.c, job.x, timeout_s=job.timeout_s)
+    return {"EMBEDDING": shortened(rows, body.dimensions)}
 
 
 TASK = ServedTask(

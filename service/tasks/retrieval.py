@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from service.exchange import Exchange
-from service.tasks.common import run_texts
 from service.tasks.contract import Collaborators, InvalidInputError
-from service.tasks.vectors import EMBEDDINGS, cosines, embedding_spec, stacked
+from service.tasks.embedding_shadow import embedded_rows
+from service.tasks.vectors import EMBEDDINGS, cosines
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -183,10 +183,8 @@ async def _embed(
     named = None if labels is None else [*labels[0], *(labels[1][j] for j in which)]
     if not texts:
         return np.zeros((0, 0), np.float32), 0
-    outputs, tokens = await run_texts(
-        model, texts, truncate, c.metrics, c.settings.request_timeout_s, x, named
-    )
-    return stacked(outputs, embedding_spec(model).output), tokens
+    _, rows, tokens = await embedded_rows(model, texts, truncate, c, x, named)
+    return rows, tokens
 
 
 async def retrieve(

@@ -34,7 +34,14 @@ def l2_normalized(vectors: np.ndarray) -> np.ndarray:
 def cosines(queries: np.ndarray, documents: np.ndarray) -> np.ndarray:
     """[queries, documents] cosine similarities, in float64 (a pooled model's rows need not be unit; a zero
     row has cosine 0 with everything)."""
-    q, d = (rows.astype(np.float64) for rows in (queries, documents))
-    q = q / np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-    d = d / np.maximum(np.linalg.norm(d, axis=-1, keepdims=True), 1e-12)
-    return np.clip(q @ d.T, -1.0, 1.0)
+    return np.clip(_unit64(queries) @ _unit64(documents).T, -1.0, 1.0)
+
+
+def row_cosines(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `first` with the same row of `second`, in float64."""
+    return np.clip(np.einsum("ij,ij->i", _unit64(first), _unit64(second)), -1.0, 1.0)
+
+
+def _unit64(rows: np.ndarray) -> np.ndarray:
+    rows = rows.astype(np.float64)
+    return rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-12)

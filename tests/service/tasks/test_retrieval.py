@@ -5,6 +5,8 @@ the request cuts texts past the window (a cached vector may be of a cut text).""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.metrics import Metrics
-from service.tasks import retrieval
+from service.tasks import embedding_shadow, retrieval
 from service.tasks.retrieval import PassageCache
 
 MODEL: Any = SimpleNamespace(
@@ -43,16 +45,28 @@ class Engine:
         return [{"vec": vector(t)} for t in texts], sum(len(t.split()) for t in texts)
 
 
+class Unpaired:
+    """service.cascade.Pairs where no model has a teacher."""
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        yield
+
+    def pair_of(self, model: Any) -> None:
+        return None
+
+
 def collaborators(capacity: int = 16) -> Any:
     return SimpleNamespace(
         passages=PassageCache(capacity, Metrics()),
         metrics=None,
-        settings=SimpleNamespace(request_timeout_s=5),
+        settings=SimpleNamespace(request_timeout_s=5, shadow_rate=0.0),
+        pairs=Unpaired(),
     )
 
 
 def exchange(policy: str = "truncate") -> Any:
-    return SimpleNamespace(limits=SimpleNamespace(truncation=policy))
+    return SimpleNamespace(limits=SimpleNamespace(truncation=policy), shadow=False, answered_by=())
 
 
 def embed(c: Any, query: str, truncate: bool | None = None, policy: str = "truncate") -> Any:
@@ -65,7 +79,7 @@ def expected(query: str) -> tuple[np.ndarray, np.ndarray]:
 
 def test_a_document_in_flight_is_awaited_not_embedded_again(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine()
-    monkeypatch.setattr(retrieval, "run_texts", engine)
+    monkeypatch.setattr(embedding_shadow, "run_texts", engine)
     c = collaborators()
 
     async def both() -> list[Any]:
@@ -85,7 +99,7 @@ def test_when_the_request_embedding_it_fails_its_waiters_embed_it_themselves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = Engine(failing=frozenset({"a failing query"}))
-    monkeypatch.setattr(retrieval, "run_texts", engine)
+    monkeypatch.setattr(embedding_shadow, "run_texts", engine)
     c = collaborators()
 
     async def both() -> list[Any]:
@@ -106,7 +120,7 @@ def test_a_request_that_refuses_long_texts_embeds_every_document(
     monkeypatch: pytest.MonkeyPatch, truncate: bool | None, policy: str
 ) -> None:
     engine = Engine()
-    monkeypatch.setattr(retrieval, "run_texts", engine)
+    monkeypatch.setattr(embedding_shadow, "run_texts", engine)
     c = collaborators()
     asyncio.run(embed(c, "a query"))  # cached now
     asyncio.run(embed(c, "a query", truncate, policy))
@@ -117,7 +131,7 @@ def test_a_request_that_refuses_long_texts_embeds_every_document(
 
 def test_no_cache_claims_nothing_and_keeps_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine()
-    monkeypatch.setattr(retrieval, "run_texts", engine)
+    monkeypatch.setattr(embedding_shadow, "run_texts", engine)
     c = collaborators(capacity=0)
 
     async def both() -> list[Any]:
