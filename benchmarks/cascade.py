@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,9 +42,10 @@ from benchmarks.cascade_eval import (
     qa_set,
     sweep,
 )
+from benchmarks.live_agreement import Live, replay_with_shadows
 from benchmarks.plots import saved_axes
 from benchmarks.servers import serve
-from benchmarks.wrk_load import LoadResult, load, metric_totals
+from benchmarks.wrk_load import LoadResult, load
 from common.cli import cli_app
 from common.progress import ProgressLog
 
@@ -246,59 +246,6 @@ def live_report(live: Live, alone: LoadResult, quality: Quality) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class Live:
-    """The eval split replayed with every student answer checked by the teacher (shadow rate 1)."""
-
-    compared: float
-    agreed: float
-    dropped: float
-    offline: float | None  # the distillation report's agreement, as the manifest carries it
-    under_load: LoadResult | None = None  # 64 connections, shadow rate 1: what shedding leaves
-    checked_under_load: float = 0.0  # shadow checks done / dropped during that load
-    dropped_under_load: float = 0.0
-
-    @property
-    def agreement(self) -> float:
-        return self.agreed / self.compared if self.compared else float("nan")
-
-
-def replay_with_shadows(
-    repository: Path, data: EvalSet, student: str, offline: float | None, connections: int, seconds: int
-) -> Live:
-    """A server with DISTILSERVE_SHADOW_RATE=1 and the cascade off: the student answers every eval input
-    (one request of 32 at a time, the next once the teacher has checked them: no client work competes)
-    and the teacher checks each; then the same server under wrk load, where shadow checks must give way."""
-    env = {"DISTILSERVE_SHADOW_RATE": "1.0", "DISTILSERVE_CASCADE": "off"}
-    with serve(repository, env) as base:
-
-        def counts() -> tuple[float, float, float]:
-            totals = metric_totals(base)
-            compared, agreed, dropped = (
-                totals.get(f"distilserve_shadow_{n}_total", 0.0) for n in ("compared", "agreed", "dropped")
-            )
-            return compared, agreed, dropped
-
-        sent = 0
-        with (
-            ProgressLog.beside(console, "shadow replay", len(data.items), unit="inputs") as progress,
-            httpx.Client(base_url=base, timeout=300) as client,
-        ):
-            for start in range(0, len(data.items), REQUEST_INPUTS):
-                chunk = data.items[start : start + REQUEST_INPUTS]
-                client.post(data.path, json=data.body(chunk, student, None)).raise_for_status()
-                sent += len(chunk)
-                deadline = time.monotonic() + 30
-                while sum(counts()[::2]) < sent and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                progress.update(advance=len(chunk))
-        compared, agreed, dropped = counts()
-        bodies = sample_bodies(data, student, None)
-        under_load = load("student, shadow rate 1", base, data.path, bodies, connections, seconds)
-        after = counts()
-    return Live(compared, agreed, dropped, offline, under_load, after[0] - compared, after[2] - dropped)
-
-
 @app.command()
 def main(
     repository: Annotated[Path, typer.Option(help="Model repository holding the pair.")],
@@ -329,7 +276,10 @@ def main(
         quality, points, bound = measure_quality(base, data, student, teacher, target)
         extra = [float(t) for t in thresholds.split(",") if t.strip()]
         speed = throughput(base, data, student, teacher, connections, seconds, extra)
-    live = replay_with_shadows(repository, data, student, offline, connections, seconds)
+    chunks = [data.items[i : i + REQUEST_INPUTS] for i in range(0, len(data.items), REQUEST_INPUTS)]
+    requests = [(data.body(chunk, student, None), len(chunk)) for chunk in chunks]
+    bodies = sample_bodies(data, student, None)
+    live = replay_with_shadows(repository, data.path, requests, bodies, offline, connections, seconds)
     out.mkdir(parents=True, exist_ok=True)
     text = report(student, data, quality, speed, manifest["cascade"], connections)
     text += fewest(points, bound, quality, data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,45 @@ def ranking_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )  # type: ignore[arg-type]
     assert student.version_dir is not None and student.cascade is not None
     return {"repository": repository, "teacher": teacher_dir, "student": student_dir, "eval": eval_data}
+
+
+EMBEDDING_STUDENT, EMBEDDING_TEACHER = "embed", "embed-teacher"
+
+
+@pytest.fixture(scope="session")
+def embedding_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two untrained tiny sentence encoders of two seeds exported as a pair (EMBEDDING_TEACHER, then
+    EMBEDDING_STUDENT naming it), the student's distillation report giving `teacher_cosine` as PyTorch's mean
+    over the eval sentences (`mean`)."""
+    import json
+
+    import numpy as np
+
+    from export.pipeline import PairSpec, export_model
+    from service.manifest import TeacherRef
+    from tests.export.test_embeddings_export import build_sentence_model, write_sentences
+    from tests.service.tasks.test_embeddings import torch_embeddings, unit
+
+    root = tmp_path_factory.mktemp("embedding-pair")
+    teacher = build_sentence_model(root / EMBEDDING_TEACHER)
+    student = build_sentence_model(root / EMBEDDING_STUDENT, seed=1)
+    sentences = write_sentences(root / "eval.txt")
+    lines = sentences.read_text(encoding="utf-8").splitlines()
+    mine, theirs = unit(torch_embeddings(student, lines)), unit(torch_embeddings(teacher, lines))
+    mean = float(np.einsum("ij,ij->i", mine, theirs).mean())
+    report = {  # the fields the export reads of training.distill_embeddings' report
+        "task": "sentence-embeddings",
+        "metric": "spearman",
+        "eval": {"source": str(sentences), "examples": len(lines)},
+        "teacher": {"source": str(teacher), "params": 2, "score": 0.8},
+        "student": {"params": 1, "score": 0.7, "metrics": {"spearman": 0.7, "teacher_cosine": mean}},
+        "agreement": 0.5,  # retrieval top-1 agreement: not the unit live checks count
+    }
+    (student / "distill_report.json").write_text(json.dumps(report), encoding="utf-8")
+    repository = root / "models"
+    export_model(teacher, "sentence-embeddings", EMBEDDING_TEACHER, repository, eval_data=sentences)
+    spec = PairSpec(TeacherRef(name=EMBEDDING_TEACHER, version=1), teacher)
+    export_model(
+        student, "sentence-embeddings", EMBEDDING_STUDENT, repository, eval_data=sentences, pair=spec
+    )
+    return {"repository": repository, "teacher": teacher, "student": student, "mean": mean, "root": root}

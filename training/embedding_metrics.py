@@ -78,17 +78,21 @@ def retrieval(
 ) -> dict[str, float]:
     """(queries, candidates) embeddings of both models -> top-1 agreement and, with `gold` (the right
     candidate per query, -1 where none is known), recall@1 of each over the queries that have one.
-    `allowed` ([Q, C] bool) limits each query to its own candidates (a SQuAD question to its article's)."""
+    `allowed` ([Q, C] bool) limits each query to its own candidates (a SQuAD question to its article's).
+    `mixed_*`: the student's queries against the teacher's candidates, as a student serves queries against
+    an index its teacher built."""
     student_top, teacher_top = nearest(*student, allowed), nearest(*teacher, allowed)
+    mixed_top = nearest(student[0], teacher[1], allowed)
     result = {
         "top1_agreement": float((student_top == teacher_top).double().mean()),
+        "mixed_top1_agreement": float((mixed_top == teacher_top).double().mean()),
         "queries": len(student_top),
     }
     if gold is not None:
         known = gold >= 0
         if bool(known.any()):
-            result["student_recall_at_1"] = float((student_top[known] == gold[known]).double().mean())
-            result["teacher_recall_at_1"] = float((teacher_top[known] == gold[known]).double().mean())
+            for name, top in (("student", student_top), ("teacher", teacher_top), ("mixed", mixed_top)):
+                result[f"{name}_recall_at_1"] = float((top[known] == gold[known]).double().mean())
             result["gold_queries"] = int(known.sum())
     return result
 

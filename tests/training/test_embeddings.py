@@ -299,6 +299,20 @@ def test_retrieval_agreement_and_recall() -> None:
     ] == pytest.approx(1.0)
 
 
+def test_mixed_retrieval_reads_the_students_queries_against_the_teachers_candidates() -> None:
+    teacher_queries = torch.tensor([[1.0, 0.1, 0.0], [0.0, 1.0, 0.2], [0.3, 0.0, 1.0]])
+    student_queries = torch.tensor([[1.0, 0.1, 0.0], [0.0, 0.2, 1.0], [0.3, 0.0, 1.0]])
+    teacher_candidates = torch.eye(3)
+    student_candidates = torch.eye(3)[[1, 0, 2]]  # the student files the first two candidates swapped
+    gold = torch.tensor([0, 1, -1])
+    result = retrieval((student_queries, student_candidates), (teacher_queries, teacher_candidates), gold)
+    # tops: student [1, 2, 2], teacher [0, 1, 2], student queries against the teacher's candidates [0, 2, 2]
+    assert result["top1_agreement"] == pytest.approx(1 / 3)
+    assert result["mixed_top1_agreement"] == pytest.approx(2 / 3)
+    assert result["student_recall_at_1"] == 0.0 and result["mixed_recall_at_1"] == 0.5
+    assert result["teacher_recall_at_1"] == 1.0
+
+
 # --------------------------------------------------------------------------- data
 
 

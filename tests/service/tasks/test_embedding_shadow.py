@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,11 +16,12 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from tests.export.test_embeddings_export import build_sentence_model, write_sentences
+from tests.conftest import EMBEDDING_STUDENT, EMBEDDING_TEACHER
+from tests.export.test_embeddings_export import build_sentence_model
 from tests.service.tasks.test_embeddings import TEXTS, torch_embeddings, unit
 from tests.service.test_app import metric_value
 
-STUDENT, TEACHER = "embed", "embed-teacher"
+STUDENT, TEACHER = EMBEDDING_STUDENT, EMBEDDING_TEACHER
 DOCUMENTS = ["Acme was founded in 1950.", "The film was dull.", "Springfield is a city."]
 
 
@@ -29,42 +29,10 @@ def cosines(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", unit(first), unit(second))
 
 
-def write_report(student: Path, teacher: Path, sentences: list[str]) -> float:
-    """A distillation report as training.distill_embeddings writes one (the fields the export reads), its
-    `teacher_cosine` PyTorch's mean over `sentences`; returns it."""
-    mean = float(cosines(torch_embeddings(student, sentences), torch_embeddings(teacher, sentences)).mean())
-    report = {
-        "task": "sentence-embeddings",
-        "metric": "spearman",
-        "eval": {"source": "sentences.txt", "examples": len(sentences)},
-        "teacher": {"source": str(teacher), "params": 2, "score": 0.8},
-        "student": {"params": 1, "score": 0.7, "metrics": {"spearman": 0.7, "teacher_cosine": mean}},
-        "agreement": 0.5,  # retrieval top-1 agreement: not the unit live checks count
-    }
-    (student / "distill_report.json").write_text(json.dumps(report), encoding="utf-8")
-    return mean
-
-
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two tiny sentence encoders of different seeds, exported as a pair (TEACHER, then STUDENT naming it)."""
-    from export.pipeline import PairSpec, export_model
-    from service.manifest import TeacherRef
-
-    root = tmp_path_factory.mktemp("embedding-pair")
-    teacher, student = build_sentence_model(root / TEACHER), build_sentence_model(root / STUDENT, seed=1)
-    sentences = write_sentences(root / "eval.txt")
-    mean = write_report(student, teacher, sentences.read_text(encoding="utf-8").splitlines())
-    repository = root / "models"
-    export_model(teacher, "sentence-embeddings", TEACHER, repository, eval_data=sentences)
-    spec = PairSpec(TeacherRef(name=TEACHER, version=1), teacher)
-    export_model(student, "sentence-embeddings", STUDENT, repository, eval_data=sentences, pair=spec)
-    return {"repository": repository, "teacher": teacher, "student": student, "mean": mean, "root": root}
-
-
-@pytest.fixture(scope="module")
-def client(pair: dict[str, Any]) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(model_repository=pair["repository"], shadow_rate=1.0))) as c:
+def client(embedding_pair: dict[str, Any]) -> Iterator[TestClient]:
+    settings = Settings(model_repository=embedding_pair["repository"], shadow_rate=1.0)
+    with TestClient(create_app(settings)) as c:
         yield c
 
 
@@ -87,24 +55,25 @@ def checked(client: TestClient, at_least: float) -> float:
 
 
 def test_the_export_records_the_mean_cosine_and_the_service_holds_live_agreement_to_it(
-    client: TestClient, pair: dict[str, Any]
+    client: TestClient, embedding_pair: dict[str, Any]
 ) -> None:
-    manifest = json.loads((pair["repository"] / STUDENT / "1" / "manifest.json").read_text())
-    assert manifest["distillation"]["teacher_cosine"] == pytest.approx(pair["mean"])
+    manifest = json.loads((embedding_pair["repository"] / STUDENT / "1" / "manifest.json").read_text())
+    assert manifest["distillation"]["teacher_cosine"] == pytest.approx(embedding_pair["mean"])
     gauge = metric_value(client.get("/metrics").text, "distilserve_distillation_agreement", model=STUDENT)
-    assert gauge == pytest.approx(pair["mean"])  # not the report's retrieval agreement (0.5)
+    assert gauge == pytest.approx(embedding_pair["mean"])  # not the report's retrieval agreement (0.5)
     assert card(client)["teacher"] == {"name": TEACHER, "version": 1}
 
 
 def test_each_embedded_text_adds_its_cosine_with_the_teachers_vector(
-    client: TestClient, pair: dict[str, Any]
+    client: TestClient, embedding_pair: dict[str, Any]
 ) -> None:
     before = checked(client, 0)
     agreed = counted(client, "distilserve_shadow_agreed_total")
     r = client.post("/v1/embeddings", json={"input": TEXTS, "model": STUDENT})
     assert r.status_code == 200, r.text
     served = np.array([row["embedding"] for row in r.json()["data"]])
-    mine, theirs = torch_embeddings(pair["student"], TEXTS), torch_embeddings(pair["teacher"], TEXTS)
+    mine = torch_embeddings(embedding_pair["student"], TEXTS)
+    theirs = torch_embeddings(embedding_pair["teacher"], TEXTS)
     np.testing.assert_allclose(served, mine, atol=1e-5)  # the client has the student's vectors
     assert r.json()["model"] == STUDENT and r.headers["x-distilserve-answered-by"] == STUDENT
     assert checked(client, before + len(TEXTS)) == before + len(TEXTS)
@@ -131,26 +100,27 @@ def test_rerank_checks_what_it_embeds_and_not_what_the_passage_cache_holds(clien
     assert checked(client, before + 2 + len(DOCUMENTS)) == before + 2 + len(DOCUMENTS)
 
 
-def test_the_teacher_named_or_shadow_rate_zero_checks_nothing(pair: dict[str, Any]) -> None:
-    with TestClient(create_app(Settings(model_repository=pair["repository"]))) as c:
+def test_the_teacher_named_or_shadow_rate_zero_checks_nothing(embedding_pair: dict[str, Any]) -> None:
+    with TestClient(create_app(Settings(model_repository=embedding_pair["repository"]))) as c:
         assert c.post("/v1/embeddings", json={"input": TEXTS, "model": STUDENT}).status_code == 200
         assert counted(c, "distilserve_shadow_compared_total") == 0
-    with TestClient(create_app(Settings(model_repository=pair["repository"], shadow_rate=1.0))) as c:
+    shadowed = Settings(model_repository=embedding_pair["repository"], shadow_rate=1.0)
+    with TestClient(create_app(shadowed)) as c:
         assert c.post("/v1/embeddings", json={"input": TEXTS, "model": TEACHER}).status_code == 200
         time.sleep(0.2)
         assert counted(c, "distilserve_shadow_compared_total") == 0
 
 
-def test_a_teacher_of_another_width_is_no_pair(pair: dict[str, Any]) -> None:
+def test_a_teacher_of_another_width_is_no_pair(embedding_pair: dict[str, Any]) -> None:
     from export.pipeline import PairSpec, export_model
     from service.manifest import TeacherRef
 
-    root = pair["root"]
+    root = embedding_pair["root"]
     narrow = build_sentence_model(root / "narrow", projection=16, seed=2)
     repository = root / "widths"
     sentences = root / "eval.txt"
-    export_model(pair["teacher"], "sentence-embeddings", TEACHER, repository, eval_data=sentences)
-    spec = PairSpec(TeacherRef(name=TEACHER, version=1), pair["teacher"])
+    export_model(embedding_pair["teacher"], "sentence-embeddings", TEACHER, repository, eval_data=sentences)
+    spec = PairSpec(TeacherRef(name=TEACHER, version=1), embedding_pair["teacher"])
     export_model(narrow, "sentence-embeddings", STUDENT, repository, eval_data=sentences, pair=spec)
     with TestClient(create_app(Settings(model_repository=repository, shadow_rate=1.0))) as c:
         found = card(c)
