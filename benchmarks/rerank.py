@@ -9,17 +9,19 @@
 Without `--ranker`, the embedding model alone and its passage cache:
 1. Quality: recall@1 of the gold paragraph over every question, the served graph's ranking; the
    sentence-embeddings section's PyTorch figure over the same questions is the reference.
-2. Speed: `--speed-questions` questions sent by `--connections` clients at once (closed loop), on a fresh
-   server with the passage cache off (every paragraph embedded with every question) and on one with it on and
-   warmed by a first pass (an article's paragraphs embedded once, then looked up); questions/s, p50 and p99,
-   and the tokens embedded a question (`usage`).
+2. Speed: `--connections` clients at once (closed loop): `--speed-questions` questions on a fresh server with
+   the passage cache off (every paragraph embedded with every question), and every question twice on one
+   with it on, the first pass warming it (an article's paragraphs embedded once, then looked up);
+   questions/s, p50 and p99, and the tokens embedded a question (`usage`).
 With `--ranker` (cross-encoders, e.g. a teacher and its distilled student), retrieve then rerank: the
 embedding model's best `--candidates` paragraphs, then each ranker's best of those; recall@1 of each stage
 (and of the candidates: the most a reranker can reach), and each ranker's questions/s on the same
 candidates, side by side. `--ranker ranker:1.5` ranks with a request's `cascade_margin` (a student paired
 with its teacher: the ranking cascade, service.ranking; `ranker:0`, the student alone), `--ranker ranker`
 as served (its calibrated margin); each run's best paragraph is compared with the first ranker's.
-Each server takes up to 128 texts a request (the longest article has 98 paragraphs).
+`--teacher-documents`: an embedding student served with DISTILSERVE_EMBEDDING_DOCUMENTS=teacher (its
+teacher embeds the paragraphs, the student the question). Each server takes up to 128 texts a request (the
+longest article has 98 paragraphs).
 """
 
 from __future__ import annotations
@@ -112,18 +114,27 @@ def tokens_each(answers: list[Any]) -> float:
     return statistics.mean(a["usage"]["total_tokens"] for a in answers)
 
 
-def cache_study(repository: Path, model: str, questions: list[Question], connections: int, speed: int) -> str:
+def cache_study(
+    repository: Path,
+    model: str,
+    questions: list[Question],
+    connections: int,
+    speed: int,
+    teacher_documents: bool = False,
+) -> str:
     bodies = [body(model, q) for q in questions]
     timed = bodies[:speed]
-    with serve(repository, {**ENV, "DISTILSERVE_PASSAGE_CACHE": "0"}) as base:
+    env = {**ENV, "DISTILSERVE_EMBEDDING_DOCUMENTS": "teacher" if teacher_documents else "own"}
+    with serve(repository, {**env, "DISTILSERVE_PASSAGE_CACHE": "0"}) as base:
         cold = closed_loop(base, timed, connections, "cache off")
-    with serve(repository, ENV) as base:
+    with serve(repository, env) as base:
         first = closed_loop(base, bodies, connections, "every question, cache on")
-        warm = closed_loop(base, timed, connections, "cache warm")
+        warm = closed_loop(base, bodies, connections, "cache warm")
     hits = sum(a["results"][0]["index"] == q.gold for a, q in zip(first["answers"], questions, strict=True))
     paragraphs = statistics.mean(len(q.paragraphs) for q in questions)
+    by = " (paragraphs embedded by its teacher: DISTILSERVE_EMBEDDING_DOCUMENTS=teacher)" * teacher_documents
     lines = [
-        f"# Rerank served: {model}, SQuAD questions against their article's paragraphs",
+        f"# Rerank served: {model}{by}, SQuAD questions against their article's paragraphs",
         "",
         f"{len(questions):,} questions, {paragraphs:.1f} paragraphs each on average; `/v1/rerank`, "
         f"`top_n` 1, {connections} clients at once.",
@@ -136,7 +147,7 @@ def cache_study(repository: Path, model: str, questions: list[Question], connect
     for name, run, count in (
         ("off", cold, len(timed)),
         ("on, first pass (each article's paragraphs embedded once)", first, len(bodies)),
-        ("on, warm", warm, len(timed)),
+        ("on, warm (every question again)", warm, len(bodies)),
     ):
         lines.append(
             f"| {name} | {count:,} | {run['qps']:,.1f} | {run['p50_ms']:.1f} | {run['p99_ms']:.1f} | "
@@ -248,6 +259,9 @@ def main(
     connections: Annotated[int, typer.Option(min=1)] = 8,
     speed_questions: Annotated[int, typer.Option(min=1)] = 400,
     out: Annotated[Path, typer.Option()] = Path("docs/bench"),
+    teacher_documents: Annotated[
+        bool, typer.Option(help="An embedding student's paragraphs embedded by its teacher, the query by it.")
+    ] = False,
 ) -> None:
     questions = squad_questions(squad)
     if ranker:
@@ -259,8 +273,8 @@ def main(
         text += f"\n![recall@1 against speed]({stem}.png)\n"
         (out / f"{stem}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
     else:
-        text = cache_study(repository, model, questions, connections, speed_questions)
-        name = f"rerank-{model}.md"
+        text = cache_study(repository, model, questions, connections, speed_questions, teacher_documents)
+        name = f"rerank-{model}{'-teacher-documents' * teacher_documents}.md"
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(text, encoding="utf-8")
     print(text)

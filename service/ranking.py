@@ -55,8 +55,9 @@ async def rank(
     """The documents ranked by `model`, or by the ranking cascade where it has a cross-encoder teacher."""
     every = range(documents)
     pair = pairs.pair_of(model)
-    if pair is None or not pair.ranking:
-        return _alone(model, await score(model, every, x), x)
+    if pair is None or not pair.ranking:  # `model` ranks (who embedded what, its scoring says in x)
+        scores = await score(model, every, x)
+        return Ranked(scores, [model.name] * documents, best_first(scores, every))
     if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
         pair.inputs.inc(documents)
         pair.fallbacks.inc(documents)

@@ -188,6 +188,13 @@ class Settings(BaseSettings):
         description="Share of a student's own answers its teacher checks too, after the client is answered, "
         "at the engine's lowest priority (shed first under load): live agreement as a metric. 0: none.",
     )
+    embedding_documents: Literal["own", "teacher"] = Field(
+        "own",
+        description="Who embeds the documents an embedding student ranks (rerank, score, similarity, "
+        "retrieve-then-read QA): own, the student, as it embeds the query; teacher, its teacher, through the "
+        "passage cache, while the student embeds the query (asymmetric: a query's cost is the student's, "
+        "and documents sent again cost nothing, as an index the teacher built).",
+    )
     passage_cache: int = Field(
         4096,
         ge=0,

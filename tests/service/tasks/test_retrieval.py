@@ -60,7 +60,7 @@ def collaborators(capacity: int = 16) -> Any:
     return SimpleNamespace(
         passages=PassageCache(capacity, Metrics()),
         metrics=None,
-        settings=SimpleNamespace(request_timeout_s=5, shadow_rate=0.0),
+        settings=SimpleNamespace(request_timeout_s=5, shadow_rate=0.0, embedding_documents="own"),
         pairs=Unpaired(),
     )
 

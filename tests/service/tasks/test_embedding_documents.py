@@ -1,0 +1,89 @@
+"""DISTILSERVE_EMBEDDING_DOCUMENTS=teacher: an embedding student ranks with its teacher's document vectors
+(through the passage cache) against its own query vectors, as it would serve queries against an index its
+teacher built. Scores checked against PyTorch's SentenceEncoder of both models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.conftest import EMBEDDING_STUDENT, EMBEDDING_TEACHER
+from tests.service.tasks.test_embeddings import torch_embeddings, unit
+from tests.service.test_app import metric_value
+
+QUERY = "Who founded Acme?"
+DOCUMENTS = ["Acme was founded in 1950.", "The film was dull.", "Springfield is a city.", "film"]
+
+
+@pytest.fixture(scope="module")
+def client(embedding_pair: dict[str, Any]) -> Iterator[TestClient]:
+    settings = Settings(model_repository=embedding_pair["repository"], embedding_documents="teacher")
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def mixed_cosines(pair: dict[str, Any], queries: list[str]) -> np.ndarray:
+    """[queries, DOCUMENTS]: the student's query vectors against the teacher's document vectors."""
+    mine, theirs = torch_embeddings(pair["student"], queries), torch_embeddings(pair["teacher"], DOCUMENTS)
+    return unit(mine) @ unit(theirs).T
+
+
+def test_rerank_reads_the_students_query_against_the_teachers_documents(
+    client: TestClient, embedding_pair: dict[str, Any]
+) -> None:
+    body = {"query": QUERY, "documents": DOCUMENTS, "model": EMBEDDING_STUDENT, "return_documents": False}
+    r = client.post("/v1/rerank", json=body)
+    assert r.status_code == 200, r.text
+    expected = mixed_cosines(embedding_pair, [QUERY])[0]
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == list(np.argsort(-expected, kind="stable"))
+    for x in results:
+        assert x["relevance_score"] == pytest.approx(expected[x["index"]], abs=1e-5)
+    assert r.headers["x-distilserve-answered-by"] == f"{EMBEDDING_STUDENT}, {EMBEDDING_TEACHER}"
+
+    def hits(model: str) -> float:
+        return metric_value(client.get("/metrics").text, "distilserve_passage_cache_hits_total", model=model)
+
+    before = hits(EMBEDDING_TEACHER)
+    assert client.post("/v1/rerank", json=body).json()["results"] == results
+    assert hits(EMBEDDING_TEACHER) == before + len(DOCUMENTS)  # the teacher's vectors, from the cache
+
+
+def test_score_and_similarity_follow_the_same_rule(
+    client: TestClient, embedding_pair: dict[str, Any]
+) -> None:
+    expected = mixed_cosines(embedding_pair, [QUERY])[0]
+    body = {"text_1": QUERY, "text_2": DOCUMENTS, "model": EMBEDDING_STUDENT}
+    scores = [d["score"] for d in client.post("/v1/score", json=body).json()["data"]]
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+    similar = {"inputs": {"source_sentence": QUERY, "sentences": DOCUMENTS}, "model": EMBEDDING_STUDENT}
+    np.testing.assert_allclose(client.post("/similarity", json=similar).json(), expected, atol=1e-5)
+
+
+def test_the_teacher_and_models_without_one_embed_their_own_documents(
+    client: TestClient, embedding_pair: dict[str, Any]
+) -> None:
+    body = {"query": QUERY, "documents": DOCUMENTS, "model": EMBEDDING_TEACHER}
+    r = client.post("/v1/rerank", json=body)
+    theirs = torch_embeddings(embedding_pair["teacher"], [QUERY, *DOCUMENTS])
+    expected = unit(theirs[:1]) @ unit(theirs[1:]).T
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], expected[0], atol=1e-5)
+    assert r.headers["x-distilserve-answered-by"] == EMBEDDING_TEACHER
+
+
+def test_by_default_the_student_embeds_both(embedding_pair: dict[str, Any]) -> None:
+    with TestClient(create_app(Settings(model_repository=embedding_pair["repository"]))) as c:
+        body = {"query": QUERY, "documents": DOCUMENTS, "model": EMBEDDING_STUDENT}
+        r = c.post("/v1/rerank", json=body)
+    mine = torch_embeddings(embedding_pair["student"], [QUERY, *DOCUMENTS])
+    expected = (unit(mine[:1]) @ unit(mine[1:]).T)[0]
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5)
+    assert r.headers["x-distilserve-answered-by"] == EMBEDDING_STUDENT
