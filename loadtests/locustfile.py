@@ -17,7 +17,11 @@ What one user does, by task weight (out of 100):
 - 8 Open Inference Protocol (/v2/models/NAME/infer, JSON): one to four texts for a task's model, picked
   at random among those served;
 - 8 deliberate bad requests (empty or wrongly typed inputs, unknown fields, no mask, an unknown model,
-  a body that is not JSON), each a success only when it gets its 4xx.
+  a body that is not JSON, token ids for embeddings), each a success only when it gets its 4xx;
+- where a sentence-embeddings model is served, 10 more: OpenAI embeddings of 1-8 texts (6), and a rerank of
+  2-16 reviews against a question, the best 3 back (4).
+A task whose model the server does not serve (GET /v1/models) is skipped, so any repository can be loaded:
+the demo's, or one of embedding models alone.
 
 Texts are mostly short (a few to 30 tokens), some medium, a few long enough to be truncated to the
 model's window, as in real traffic. A 429 (queue full) is a failure named "429 Too Many Requests" so the
@@ -63,7 +67,15 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any] | str, int]] = [
     ("/v1/qa", {"question": "Who founded Acme?"}, 422),  # no context
     ("/v1/fill-mask", {"inputs": "there is no mask token here"}, 422),
     ("/v1/generate", {"prompt": "The film was", "max_new_tokens": 0}, 422),
+    ("/v1/embeddings", {"input": [[101, 2023, 102]]}, 400),  # token ids: OpenAI's shape, refused by name
 ]
+TASK_OF_PATH = {
+    "/v1/classify": "text-classification",
+    "/v1/qa": "question-answering",
+    "/v1/fill-mask": "fill-mask",
+    "/v1/generate": "text-generation",
+    "/v1/embeddings": "sentence-embeddings",
+}
 
 
 def text_of_some_length(rng: random.Random) -> str:
@@ -99,6 +111,10 @@ class ServiceUser(HttpUser):
                 self.models = {c["task"]: c["name"] for c in cards}
 
     # -- helpers --------------------------------------------------------------------------------------
+
+    def serves(self, task_name: str) -> bool:
+        """A model serves `task_name` (the demo's four tasks are assumed where /v1/models was unreadable)."""
+        return task_name in self.models or (not self.models and task_name != "sentence-embeddings")
 
     def post(
         self,
@@ -190,21 +206,29 @@ class ServiceUser(HttpUser):
 
     @task(24)
     def classify(self) -> None:
+        if not self.serves("text-classification"):
+            return
         self.post("/v1/classify", {"inputs": text_of_some_length(self.rng)}, "/v1/classify", valid=is_list)
 
     @task(6)
     def classify_list(self) -> None:
+        if not self.serves("text-classification"):
+            return
         texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(2, 8))]
         body = {"inputs": texts, "top_k": 2}
         self.post("/v1/classify", body, "/v1/classify [list]", valid=lambda out: len(out) == len(texts))
 
     @task(12)
     def qa(self) -> None:
+        if not self.serves("question-answering"):
+            return
         body = {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
         self.post("/v1/qa", body, "/v1/qa", valid=lambda out: "answer" in out)
 
     @task(4)
     def qa_list(self) -> None:
+        if not self.serves("question-answering"):
+            return
         pairs = [
             {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
             for _ in range(self.rng.randint(2, 4))
@@ -213,10 +237,14 @@ class ServiceUser(HttpUser):
 
     @task(10)
     def fill_mask(self) -> None:
+        if not self.serves("fill-mask"):
+            return
         self.post("/v1/fill-mask", {"inputs": self.masked(), "top_k": 5}, "/v1/fill-mask", valid=is_list)
 
     @task(4)
     def fill_mask_list(self) -> None:
+        if not self.serves("fill-mask"):
+            return
         texts = [self.masked() for _ in range(self.rng.randint(2, 4))]
         self.post(
             "/v1/fill-mask",
@@ -227,26 +255,36 @@ class ServiceUser(HttpUser):
 
     @task(8)
     def generate(self) -> None:
+        if not self.serves("text-generation"):
+            return
         self.post(
             "/v1/generate", self.generation_body(), "/v1/generate", valid=lambda out: "finish_reason" in out
         )
 
     @task(10)
     def generate_stream(self) -> None:
+        if not self.serves("text-generation"):
+            return
         body = {**self.generation_body(), "stream": True}
         self.stream("/v1/generate", body, lambda event: "token" in event, final="finish_reason")
 
     @task(2)
     def completion(self) -> None:
+        if not self.serves("text-generation"):
+            return
         self.post("/v1/completions", self.completion_body(), "/v1/completions", valid=has_choices)
 
     @task(2)
     def completion_stream(self) -> None:
+        if not self.serves("text-generation"):
+            return
         body = {**self.completion_body(), "stream": True}
         self.stream("/v1/completions", body, lambda event: bool(event["choices"]), final="[DONE]")
 
     @task(2)
     def completion_constrained(self) -> None:
+        if not self.serves("text-generation"):
+            return
         constraint, accepts = self.rng.choice(CONSTRAINTS)
         body = self.completion_body() | {"max_tokens": 24, "structured_outputs": constraint}
         self.post(
@@ -285,8 +323,27 @@ class ServiceUser(HttpUser):
 
     @task(8)
     def bad_request(self) -> None:
-        path, body, expect = self.rng.choice(BAD_REQUESTS)
+        path, body, expect = self.rng.choice(
+            [bad for bad in BAD_REQUESTS if self.serves(TASK_OF_PATH[bad[0]])] or BAD_REQUESTS[:1]
+        )
         self.post(path, body, f"{path} [bad -> {expect}]", expect=expect)
+
+    @task(6)
+    def embeddings(self) -> None:
+        if not self.serves("sentence-embeddings"):
+            return
+        texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(1, 8))]
+        body = {"input": texts}
+        self.post("/v1/embeddings", body, "/v1/embeddings", valid=lambda out: len(out["data"]) == len(texts))
+
+    @task(4)
+    def rerank(self) -> None:
+        if not self.serves("sentence-embeddings"):
+            return
+        documents = [review(self.rng) for _ in range(self.rng.randint(2, 16))]
+        body = {"query": self.rng.choice(QUESTIONS), "documents": documents, "top_n": 3}
+        best = min(3, len(documents))
+        self.post("/v1/rerank", body, "/v1/rerank", valid=lambda out: len(out["results"]) == best)
 
 
 LABELS = ["positive", "negative", "mixed"]
