@@ -11,6 +11,7 @@ from service.api.schemas import OPENAI_ERRORS, ModelCard, ModelList, OpenAIModel
 from service.served import ServedModel
 from service.settings import frontend_count
 from service.tasks.contract import Collaborators
+from service.tasks.retrieval import documents_model
 
 router = APIRouter(tags=["models"])
 
@@ -20,11 +21,18 @@ async def list_models(c: Collaborators = Depends(collaborators)) -> ModelList:
     frontends = frontend_count(c.settings)
     return ModelList(
         models=[
-            ModelCard.model_validate(m.describe() | c.pairs.describe(m) | {"frontends": frontends})
+            ModelCard.model_validate(
+                m.describe() | c.pairs.describe(m) | {"frontends": frontends, "documents_by": _by(m, c)}
+            )
             for m in c.registry.all()
         ],
         data=[_openai(c.registry.get(name)) for name in c.registry.names()],
     )
+
+
+def _by(model: ServedModel, c: Collaborators) -> str | None:
+    """Who embeds the documents an embedding model ranks (None: another task)."""
+    return documents_model(model, c).name if model.manifest.embedding is not None else None
 
 
 def _openai(model: ServedModel) -> OpenAIModel:

@@ -54,6 +54,12 @@ class ModelCard(BaseModel):
         description="Embedding models: `dimensions`, `normalized`, `pooling` (and the graph's outputs). Null "
         "for the other tasks.",
     )
+    documents_by: str | None = Field(
+        None,
+        description="Embedding models: the model that embeds the documents this one ranks (rerank, score, "
+        "similarity, retrieval): its teacher under DISTILSERVE_EMBEDDING_DOCUMENTS=teacher, else itself. "
+        "Null for the other tasks.",
+    )
 
 
 class OpenAIModel(BaseModel):

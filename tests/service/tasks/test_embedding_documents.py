@@ -78,10 +78,20 @@ def test_the_teacher_and_models_without_one_embed_their_own_documents(
     assert r.headers["x-distilserve-answered-by"] == EMBEDDING_TEACHER
 
 
+def documents_by(client: TestClient) -> dict[str, str]:
+    return {m["name"]: m["documents_by"] for m in client.get("/v1/models").json()["models"]}
+
+
+def test_the_model_list_says_who_embeds_each_models_documents(client: TestClient) -> None:
+    expected = {EMBEDDING_STUDENT: EMBEDDING_TEACHER, EMBEDDING_TEACHER: EMBEDDING_TEACHER}
+    assert documents_by(client) == expected
+
+
 def test_by_default_the_student_embeds_both(embedding_pair: dict[str, Any]) -> None:
     with TestClient(create_app(Settings(model_repository=embedding_pair["repository"]))) as c:
         body = {"query": QUERY, "documents": DOCUMENTS, "model": EMBEDDING_STUDENT}
         r = c.post("/v1/rerank", json=body)
+        assert documents_by(c)[EMBEDDING_STUDENT] == EMBEDDING_STUDENT
     mine = torch_embeddings(embedding_pair["student"], [QUERY, *DOCUMENTS])
     expected = (unit(mine[:1]) @ unit(mine[1:]).T)[0]
     got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
