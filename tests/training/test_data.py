@@ -11,6 +11,7 @@ import pytest
 
 from training.data.demo import DemoFiles, write_demo_data
 from training.data.loaders import is_heading, load_classification, load_squad, load_text, split_examples
+from training.data.sentences import load_sts
 from training.data.types import ClassificationExample
 
 SMALL = {"n_classification": 400, "n_qa": 200, "n_text_lines": 300}
@@ -29,6 +30,7 @@ def _all_files(files: DemoFiles) -> list[Path]:
         files.qa_eval,
         files.text_train,
         files.text_eval,
+        files.sts_eval,
     ]
 
 
@@ -107,6 +109,22 @@ def test_text_lines_are_prose(demo: DemoFiles) -> None:
     assert len(train) + len(evals) == SMALL["n_text_lines"]
     assert all(line.strip() == line and line for line in train + evals)
     assert sum(len(line.split()) for line in train) > 10 * len(train)
+
+
+def test_sts_pairs_are_scored_by_the_share_of_slots_they_share(demo: DemoFiles) -> None:
+    data = load_sts(demo.sts_eval)
+    assert len(data.scores) == 500
+    for first, second, score in zip(data.first, data.second, data.scores, strict=True):
+        shared = sum(a == b for a, b in zip(slots(first), slots(second), strict=True))
+        assert score == 5 * shared / 4, (first, second)
+    assert set(data.scores) == {0.0, 1.25, 2.5, 3.75, 5.0}  # every grade occurs
+
+
+def slots(sentence: str) -> tuple[str, ...]:
+    """(who, moved, place, when) of "The {who} {moved} to the {place} {when}."."""
+    found = re.fullmatch(r"The (\w+) (\w+) to the (\w+) (.+)\.", sentence)
+    assert found is not None, sentence
+    return found.groups()
 
 
 # --------------------------------------------------------------------------- round trips

@@ -31,6 +31,7 @@ class DemoFiles:
     qa_eval: Path
     text_train: Path
     text_eval: Path
+    sts_eval: Path  # sentence pairs scored 0-5 (sentence embeddings: Spearman against their cosines)
 
 
 def write_demo_data(
@@ -40,6 +41,7 @@ def write_demo_data(
     n_qa: int = 1500,
     n_text_lines: int = 4000,
     eval_fraction: float = 0.1,
+    n_sts: int = 500,
 ) -> DemoFiles:
     """Write all demo splits under `out_dir`; counts are totals over train plus eval."""
     if not 0.0 <= eval_fraction < 1.0:
@@ -53,6 +55,7 @@ def write_demo_data(
         qa_eval=root / "qa" / "eval.json",
         text_train=root / "text" / "train.txt",
         text_eval=root / "text" / "eval.txt",
+        sts_eval=root / "sts" / "eval.jsonl",
     )
     train, evals = classification_splits(_rng(seed, "classification"), n_classification, eval_fraction, seed)
     write_jsonl(files.classification_train, train)
@@ -64,6 +67,7 @@ def write_demo_data(
     text_train, text_eval = split_examples(_text_lines(_rng(seed, "text"), n_text_lines), eval_fraction, seed)
     write_lines(files.text_train, text_train)
     write_lines(files.text_eval, text_eval)
+    write_jsonl(files.sts_eval, sts_pairs(_rng(seed, "sts"), n_sts))
     return files
 
 
@@ -128,3 +132,26 @@ def _text_lines(rng: random.Random, n: int) -> list[str]:
         else:
             lines.append(" ".join(_simple_sentence(rng) for _ in range(rng.randint(2, 4))))
     return lines
+
+
+# --------------------------------------------------------------------------- scored sentence pairs
+
+_STS_SLOTS = (_PEOPLE, _MOTIONS, _PLACES, _WHEN)
+
+
+def sts_pairs(rng: random.Random, n: int) -> list[dict[str, object]]:
+    """STS-style pairs: "The {who} {moved} to the {place} {when}." twice, each of the four slots kept or
+    drawn again, scored 5 x the share of the slots whose value both sentences share (0-5, as STS-B)."""
+
+    def sentence(values: list[str]) -> str:
+        who, moved, place, when = values
+        return cap(f"the {who} {moved} to the {place} {when}") + "."
+
+    rows: list[dict[str, object]] = []
+    for _ in range(n):
+        first = [pick(rng, slot) for slot in _STS_SLOTS]
+        kept = set(rng.sample(range(len(_STS_SLOTS)), rng.randint(0, len(_STS_SLOTS))))
+        second = [first[i] if i in kept else pick(rng, slot) for i, slot in enumerate(_STS_SLOTS)]
+        score = 5 * sum(a == b for a, b in zip(first, second, strict=True)) / len(_STS_SLOTS)
+        rows.append({"sentence1": sentence(first), "sentence2": sentence(second), "score": score})
+    return rows
