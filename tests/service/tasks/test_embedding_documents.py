@@ -18,6 +18,7 @@ from tests.service.tasks.test_embeddings import torch_embeddings, unit
 from tests.service.test_app import metric_value
 
 QUERY = "Who founded Acme?"
+QUESTIONS = [QUERY, "Where is Springfield?", "Was the film dull?", "When was Acme founded?", "A city?"]
 DOCUMENTS = ["Acme was founded in 1950.", "The film was dull.", "Springfield is a city.", "film"]
 
 
@@ -97,3 +98,31 @@ def test_by_default_the_student_embeds_both(embedding_pair: dict[str, Any]) -> N
     got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
     np.testing.assert_allclose([got[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5)
     assert r.headers["x-distilserve-answered-by"] == EMBEDDING_STUDENT
+
+
+def test_retrieve_then_read_picks_passages_by_the_students_question_and_the_teachers_passages(
+    embedding_pair: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import shutil
+
+    from export.pipeline import export_model
+    from tests.tiny_models import build_tiny
+
+    root = tmp_path_factory.mktemp("retrieve-teacher-documents")
+    repository = root / "models"
+    shutil.copytree(embedding_pair["repository"], repository)
+    reader = build_tiny("question-answering", root / "qa")
+    assert export_model(reader, "question-answering", "qa", repository, ("fp32",)).version_dir is not None
+    settings = Settings(model_repository=repository, embedding_documents="teacher")
+    with TestClient(create_app(settings)) as c:
+        read, own = [], []
+        for question in QUESTIONS:
+            body = {"question": question, "passages": DOCUMENTS, "top_k_passages": 1}
+            body["embedding_model"] = EMBEDDING_STUDENT
+            r = c.post("/v1/qa", json=body)
+            assert r.status_code == 200, r.text
+            read.append(r.json()["passage"])  # the one passage read
+            mine = torch_embeddings(embedding_pair["student"], [question, *DOCUMENTS])
+            own.append(int(np.argmax(unit(mine[1:]) @ unit(mine[0]))))
+    assert read == [int(i) for i in np.argmax(mixed_cosines(embedding_pair, QUESTIONS), axis=1)]
+    assert read != own  # the student alone would have read another passage for some question
