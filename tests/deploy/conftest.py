@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,9 @@ TRAFFIC: list[tuple[str, dict[str, object], int]] = [
     # by its teacher: DISTILSERVE_SHADOW_RATE=1), one it hands to its teacher whole
     ("/v1/classify", {"inputs": ["a wonderful film", "dull"], "model": "cls", "cascade_threshold": 0.0}, 200),
     ("/v1/classify", {"inputs": ["a wonderful film", "dull"], "model": "cls", "cascade_threshold": 1.0}, 200),
+    # an embedding student (conftest's embedding_pair): its vectors checked by its teacher, its documents
+    # counted by the passage cache
+    ("/v1/rerank", {"query": "Who founded Acme?", "documents": ["Acme was founded in 1950.", "a film"]}, 200),
 ]
 
 
@@ -34,13 +38,17 @@ def serve_traffic(base_url: str) -> None:
 
 @pytest.fixture(scope="package")
 def deploy_repository(
-    tiny_repository: Path, pair_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_repository: Path,
+    pair_repository: Path,
+    embedding_pair: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
-    """A model per task, and a student/teacher pair per encoder task, in one repository."""
+    """A model per task, and a student/teacher pair per encoder task and for sentence embeddings, in one
+    repository."""
     import shutil
 
     repository = tmp_path_factory.mktemp("deploy-models")
-    for source in (tiny_repository, pair_repository):
+    for source in (tiny_repository, pair_repository, embedding_pair["repository"]):
         for model in source.iterdir():
             shutil.copytree(model, repository / model.name)
     return repository

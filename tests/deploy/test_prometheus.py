@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import PAIR_NAMES, TASK_MODEL_NAMES
+from tests.conftest import EMBEDDING_STUDENT, EMBEDDING_TEACHER, PAIR_NAMES, TASK_MODEL_NAMES
 from tests.deploy.test_dashboard import alert_queries, dashboard
 from tests.deploy.tools import DEPLOY, REPO, require_tool
 from tests.service.live_server import LiveServer, free_port
@@ -130,7 +130,7 @@ def test_distilserve_series_arrive(prometheus: Prometheus, served: LiveServer) -
 
     models = prometheus.api("label/model/values", **{"match[]": "distilserve_model_info"})
     pairs = {name for student in PAIR_NAMES.values() for name in (student, f"{student}-teacher")}
-    assert set(models) == set(TASK_MODEL_NAMES.values()) | pairs
+    assert set(models) == set(TASK_MODEL_NAMES.values()) | pairs | {EMBEDDING_STUDENT, EMBEDDING_TEACHER}
 
 
 def test_the_alert_rules_load_and_evaluate(prometheus: Prometheus) -> None:
