@@ -132,33 +132,23 @@ async def embedded(
     c: Collaborators,
     x: Exchange,
     labels: tuple[Sequence[str], Sequence[str]] | None = None,
+    documents_by: ServedModel | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The rows of `queries` (embedded afresh) and of `documents` (from the passage cache where held, or
     from the request embedding them now), in one engine request for all the rest; and the tokens embedded.
     A text repeated among the documents is embedded once. `labels`: what a message calls each query and
     each document (the request's fields). Where `documents_model` names another model (a student's
-    teacher), the queries are `model`'s and the documents that model's, the two embedded at once."""
-    other = documents_model(model, c)
+    teacher), the queries are `model`'s and the documents that model's, the two embedded at once
+    (`documents_by`: who embeds the documents, when the caller has decided)."""
+    other = documents_model(model, c) if documents_by is None else documents_by
     if other is not model:
         named = (None, None) if labels is None else ((labels[0], ()), ((), labels[1]))
-        (rows, _, read), (_, vectors, more) = await asyncio.gather(
-            _embedded(model, queries, (), truncate, c, x, named[0]),
-            _embedded(other, (), documents, truncate, c, x, named[1]),
+        (asked, _, read), (_, theirs, more) = await asyncio.gather(
+            embedded(model, queries, (), truncate, c, x, named[0], model),
+            embedded(other, (), documents, truncate, c, x, named[1], other),
         )
         x.answered_by = (model.name, other.name)
-        return rows, vectors, read + more
-    return await _embedded(model, queries, documents, truncate, c, x, labels)
-
-
-async def _embedded(
-    model: ServedModel,
-    queries: Sequence[str],
-    documents: Sequence[str],
-    truncate: bool | None,
-    c: Collaborators,
-    x: Exchange,
-    labels: tuple[Sequence[str], Sequence[str]] | None,
-) -> tuple[np.ndarray, np.ndarray, int]:
+        return asked, theirs, read + more
     cache = c.passages
     cached = truncate is True or (truncate is None and x.limits.truncation == "truncate")
     keys = [cache.key(model, text) for text in documents]
