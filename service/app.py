@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from service.api.drain import DrainGate, DrainMiddleware
 from service.api.errors import install_error_handlers
 from service.api.limits import BodyLimitMiddleware
 from service.api.task_lane import ServiceApp
+from service.capture import TrafficCapture
 from service.cascade import Pairs
 from service.engine_plan import EngineFactory
 from service.exchange import TextLimits
@@ -121,6 +123,16 @@ def engine_connection(
     return LocalEngine(settings, metrics, engine_factory)
 
 
+def traffic_capture(settings: Settings, metrics: Metrics) -> TrafficCapture | None:
+    """This process's writer of captured traffic, where DISTILSERVE_CAPTURE_DIR names a directory."""
+    if settings.capture_dir is None:
+        return None
+    try:
+        return TrafficCapture(settings.capture_dir, int(settings.capture_max_mb * 2**20), metrics)
+    except ValueError as e:
+        raise StartupError(str(e)) from e
+
+
 async def _start_grpc(app: FastAPI, settings: Settings, api_keys: tuple[str, ...]) -> object:
     """Imported here: grpc and the protocol's stubs load only where gRPC is served."""
     from service.api.grpc_v2 import start_grpc
@@ -155,11 +167,12 @@ def create_app(
         with clock.phase("engine"):  # the core's models (or, in-process, loading them here)
             models = await engine.open()
         passages = PassageCache(settings.passage_cache, metrics)
+        capture = traffic_capture(settings, metrics)
 
         def route_to(models: list[ServedModel]) -> None:
             """The registry, the pairs and what a request gets, all at once: a request sees one set."""
             registry = ModelRegistry(models)
-            pairs = Pairs(registry, settings, metrics)
+            pairs = Pairs(registry, settings, metrics, capture)
             app.state.registry = registry
             app.state.collaborators = Collaborators(settings, metrics, registry, pairs, passages)
 
@@ -182,6 +195,8 @@ def create_app(
 
                 await stop_grpc(grpc_server)
             await engine.close()
+            if capture is not None:
+                await asyncio.to_thread(capture.close)
             if tracing is not None:
                 tracing.shutdown()
 

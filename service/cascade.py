@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from service.capture import TrafficCapture
 from service.exchange import Exchange, TextLimits
 from service.manifest import CascadeCalibration, DistillationRecord
 from service.metrics import Metrics
@@ -82,8 +83,15 @@ class Pair:
 class Pairs:
     """Every served student's teacher, and the threshold each request uses."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        settings: Settings,
+        metrics: Metrics,
+        capture: TrafficCapture | None = None,
+    ) -> None:
         self.settings = settings
+        self.capture = capture  # where what a teacher answers is kept (DISTILSERVE_CAPTURE_DIR), or None
         self._shadow_in_flight = 0
         self._clients_in_flight = 0  # this process's requests inside `answer` now
         self._shadow_tasks: set[asyncio.Task[None]] = set()  # referenced until done
@@ -197,7 +205,10 @@ class Pairs:
             pair.inputs.inc(len(inputs))
             pair.fallbacks.inc(len(inputs))
             x.answered_by = (pair.teacher.name,)
-            return await answer_all(pair.teacher, inputs, x)
+            answers = await answer_all(pair.teacher, inputs, x)
+            if self.capture is not None:
+                self.capture.keep(model, pair.teacher, "teacher", inputs, answers, None)
+            return answers
         with self.serving():
             results = await answer_all(model, inputs, x)
         if pair is None:
@@ -210,6 +221,9 @@ class Pairs:
         if unsure:
             pair.fallbacks.inc(len(unsure))
             answers = await answer_all(pair.teacher, [inputs[i] for i in unsure], x)
+            if self.capture is not None and not pair.ranking:
+                asked, own = [inputs[i] for i in unsure], [results[i] for i in unsure]
+                self.capture.keep(model, pair.teacher, "cascade", asked, answers, own)
             for i, rows in zip(unsure, answers, strict=True):
                 results[i] = rows
         sure = len(unsure) < len(inputs)
@@ -220,7 +234,9 @@ class Pairs:
         if sure and self.settings.shadow_rate > 0:
             taken = set(unsure)
             kept = [i for i in range(len(inputs)) if i not in taken]
-            self._shadow(pair, [inputs[i] for i in kept], [results[i] for i in kept], answer_all, x.limits)
+            self._shadow(
+                model, pair, [inputs[i] for i in kept], [results[i] for i in kept], answer_all, x.limits
+            )
         return results
 
     @contextmanager
@@ -233,7 +249,13 @@ class Pairs:
             self._clients_in_flight -= 1
 
     def _shadow(
-        self, pair: Pair, inputs: Sequence[I], mine: list[R], answer_all: AnswerAll[I, R], limits: TextLimits
+        self,
+        model: ServedModel,
+        pair: Pair,
+        inputs: Sequence[I],
+        mine: list[R],
+        answer_all: AnswerAll[I, R],
+        limits: TextLimits,
     ) -> None:
         """Check a sampled share of the student's answers with the teacher, off the client's path."""
         picked = [i for i in range(len(inputs)) if self.sampled()]
@@ -241,9 +263,10 @@ class Pairs:
             return
 
         async def check() -> tuple[int, int]:
-            theirs = await answer_all(
-                pair.teacher, [inputs[i] for i in picked], Exchange(limits=limits, shadow=True)
-            )
+            asked = [inputs[i] for i in picked]
+            theirs = await answer_all(pair.teacher, asked, Exchange(limits=limits, shadow=True))
+            if self.capture is not None and not pair.ranking:
+                self.capture.keep(model, pair.teacher, "shadow", asked, theirs, [mine[i] for i in picked])
             return len(picked), sum(
                 best_answer(mine[i]) == best_answer(t) for i, t in zip(picked, theirs, strict=True)
             )

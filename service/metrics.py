@@ -295,6 +295,21 @@ class Metrics:
             ["model", "teacher"],
             registry=r,
         )
+        # traffic capture (service.capture): what a pair's teacher answered, kept as training data
+        self.capture_records = Counter(
+            "distilserve_capture_records",
+            "Inputs a student's teacher answered, queued to DISTILSERVE_CAPTURE_DIR (source: cascade, "
+            "shadow, teacher).",
+            ["model", "source"],
+            registry=r,
+        )
+        self.capture_dropped = Counter(
+            "distilserve_capture_dropped",
+            "Captured inputs not written (reason: queue, the writer behind; full, the file at "
+            "DISTILSERVE_CAPTURE_MAX_MB; error, the disk).",
+            ["model", "reason"],
+            registry=r,
+        )
         # retrieve-then-read QA (service.tasks.retrieval): hit rate = hits / (hits + misses)
         self.passage_cache_hits = Counter(
             "distilserve_passage_cache_hits",

@@ -188,6 +188,16 @@ class Settings(BaseSettings):
         description="Share of a student's own answers its teacher checks too, after the client is answered, "
         "at the engine's lowest priority (shed first under load): live agreement as a metric. 0: none.",
     )
+    capture_dir: Path | None = Field(
+        None,
+        description="Keep every input a student's teacher answers (the cascade's unsure inputs, shadow "
+        "checks, a teacher answering directly) with both answers, as JSON lines under <dir>/<student>/, "
+        "for `python -m training traffic` to make the next student's training data. Holds clients' "
+        "texts. Unset: nothing kept.",
+    )
+    capture_max_mb: float = Field(
+        1024.0, gt=0, description="Most megabytes one process writes of a student's traffic; then none."
+    )
     embedding_documents: Literal["own", "teacher"] = Field(
         "own",
         description="Who embeds the documents an embedding student ranks (rerank, score, similarity, "
