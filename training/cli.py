@@ -296,5 +296,5 @@ def main() -> None:
 
 # The causal-LM commands (import; lm-cache, distil-lm, eval-lm from a teacher-logit cache), the stages
 # around task distillation (general-distill, augment-qa) and sentence-embedding distillation
-# (distill-embeddings) register on `app` too.
-from training import cli_embeddings, cli_lm, cli_lm_eval, cli_stages  # noqa: E402, F401
+# (distill-embeddings) and captured traffic as training data (traffic) register on `app` too.
+from training import cli_embeddings, cli_lm, cli_lm_eval, cli_stages, cli_traffic  # noqa: E402, F401

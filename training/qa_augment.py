@@ -16,12 +16,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from common.spans import answer_text
 from training import qa
+from training.data.loaders import squad_document
 from training.data.types import Answer, QAExample
 
 AUGMENTED_ID = "{id}/aug{n}"  # an augmented example's id: its question's id and which pairing it is
@@ -66,22 +66,6 @@ def teacher_labelled(
         if span is not None and text.strip():
             answered.append(replace(example, answers=[Answer(text=text, start=span.start_char)]))
     return answered
-
-
-def squad_document(examples: Sequence[QAExample]) -> dict[str, Any]:
-    """Examples as a SQuAD v1.1 document: articles by title, paragraphs by context, in first-seen order."""
-    articles: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
-    for e in examples:
-        questions = articles[e.title].setdefault(e.context, [])
-        answers = [{"text": a.text, "answer_start": a.start} for a in e.answers]
-        questions.append({"id": e.id, "question": e.question, "answers": answers})
-    return {
-        "version": "1.1",
-        "data": [
-            {"title": title, "paragraphs": [{"context": c, "qas": qas} for c, qas in paragraphs.items()]}
-            for title, paragraphs in articles.items()
-        ],
-    }
 
 
 def augment(

@@ -16,9 +16,9 @@ from common.spans import answer_text
 from tests.tiny_models import tiny_bert_settings
 from training import qa
 from training.cli import app
-from training.data.loaders import load_squad
+from training.data.loaders import load_squad, squad_document
 from training.data.types import Answer, QAExample
-from training.qa_augment import article_pairings, augment, squad_document
+from training.qa_augment import article_pairings, augment
 from training.tokenizer import save_tokenizer, train_wordpiece
 
 ARTICLES = {

@@ -11,6 +11,7 @@ import csv
 import json
 import random
 import re
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -179,6 +180,22 @@ def load_squad(path: Path | str) -> list[QAExample]:
         for p, paragraph in enumerate(_field(file, where, article, "paragraphs", list)):
             examples.extend(_paragraph_examples(file, f"{where}.paragraphs[{p}]", title, paragraph))
     return examples
+
+
+def squad_document(examples: Sequence[QAExample]) -> dict[str, Any]:
+    """Examples as a SQuAD v1.1 document: articles by title, paragraphs by context, in first-seen order."""
+    articles: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(dict)
+    for e in examples:
+        questions = articles[e.title].setdefault(e.context, [])
+        answers = [{"text": a.text, "answer_start": a.start} for a in e.answers]
+        questions.append({"id": e.id, "question": e.question, "answers": answers})
+    return {
+        "version": "1.1",
+        "data": [
+            {"title": title, "paragraphs": [{"context": c, "qas": qas} for c, qas in paragraphs.items()]}
+            for title, paragraphs in articles.items()
+        ],
+    }
 
 
 def _paragraph_examples(file: Path, where: str, title: str, paragraph: Any) -> list[QAExample]:
