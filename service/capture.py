@@ -30,6 +30,7 @@ from service.served import ServedModel
 log = logging.getLogger(__name__)
 
 QUEUE_RECORDS = 8192  # records waiting for the writer; beyond: dropped ("queue")
+DROP_REASONS = ("queue", "full", "error")
 
 
 class TrafficCapture:
@@ -50,6 +51,7 @@ class TrafficCapture:
         self._queue: queue.Queue[tuple[str, Captured] | None] = queue.Queue(QUEUE_RECORDS)
         self._files: dict[str, tuple[IO[str], list[int]]] = {}  # student -> (file, [bytes written])
         self._failed = False
+        self._students: set[str] = set()  # whose drop counters exist (at 0 until something is dropped)
         self._thread = threading.Thread(target=self._write_all, name="traffic-capture", daemon=True)
         self._thread.start()
 
@@ -67,6 +69,10 @@ class TrafficCapture:
         found no answer for are left out: they teach nothing."""
         now = time.time()
         task = student.manifest.task
+        if student.name not in self._students:  # every reason's series from the first record: rate() reads 0
+            self._students.add(student.name)
+            for reason in DROP_REASONS:
+                self._metrics.capture_dropped.labels(student.name, reason)
         for i, (given, rows) in enumerate(zip(inputs, theirs, strict=True)):
             if not rows:
                 continue

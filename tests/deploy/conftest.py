@@ -55,11 +55,18 @@ def deploy_repository(
 
 
 @pytest.fixture(scope="package", params=[1, 2], ids=["one-frontend", "two-frontends"])
-def served(deploy_repository: Path, request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+def served(
+    deploy_repository: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
     """The service on a free 127.0.0.1 port with TRAFFIC answered; stopped after the package's tests.
     With one frontend, and with two (whose /metrics is their sum with the engine core's: what Prometheus, the
     alerts and the dashboard read must hold for both)."""
-    env = {"DISTILSERVE_FRONTENDS": str(request.param), "DISTILSERVE_SHADOW_RATE": "1.0"}
+    capture = tmp_path_factory.mktemp("capture")  # what the pairs' teachers answer is kept
+    env = {
+        "DISTILSERVE_FRONTENDS": str(request.param),
+        "DISTILSERVE_SHADOW_RATE": "1.0",
+        "DISTILSERVE_CAPTURE_DIR": str(capture),
+    }
     with live_server(deploy_repository, env) as server:
         serve_traffic(server.base_url)
         yield server
