@@ -2,7 +2,7 @@
 # Teacher → student on the real data sets in ../shared/data (see docs/benchmarks.md for the figures).
 #
 #   scripts/real-data.sh [TASK...]      # sst2 squad wikitext-lm wikitext-mlm (default: all four), smollm2,
-#                                       # smollm2-student, embeddings, rerank
+#                                       # smollm2-student, embeddings, rerank, sst2-traffic
 #
 # Each run writes build/real/<run>/{data,teacher,student,models} and a wall time; the student's
 # distill_report.json/.md carry both scores on the same held-out split, and models/ holds both exported as a
@@ -18,6 +18,12 @@
 # SmolLM2-135M-Instruct, 4-bit (Q4_1) at source, as a float32 teacher and exports it (fp32, int8) into
 # build/real/smollm2/models as smollm2-teacher, parity-checked on WikiText-2 valid, its chat template in the
 # manifest (served as /v1/chat/completions).
+# sst2-traffic (after sst2): the SST-2 student serves traffic of another domain (STS-B's sentences) beside
+# its teacher with DISTILSERVE_CAPTURE_DIR set, learns what its teacher answered there (`training traffic`,
+# TRAFFIC_ORIGINAL_ROWS of SST-2 train replayed beside 80 % of the captured inputs; TRAFFIC_STEPS steps from
+# the served student), is exported as sst2's next version paired with the same teacher, gated and its
+# cascade calibrated on the other 20 % (traffic it never trained on), and both versions are measured on
+# held-out traffic and the SST-2 test sentences (benchmarks/traffic_loop.py; build/real/sst2-traffic).
 # embeddings (issue 24): all-MiniLM-L6-v2 as it is is the teacher; a student of EMBED_LAYERS (2) layers cut from it learns its
 # sentence embeddings (MSE + EMBED_COSINE x (1 - cosine), default 1) on SST-2 train's and WikiText-2 train's
 # sentences (build/real/embeddings/data/train.txt; EMBED_EPOCHS passes, default 1, or EMBED_STEPS optimiser
@@ -107,6 +113,9 @@ SQUAD_AUGMENT=${SQUAD_AUGMENT:-2}
 SQUAD_STUDENT_ALPHA_HARD=${SQUAD_STUDENT_ALPHA_HARD:-0}
 SQUAD_STUDENT_DROPOUT=${SQUAD_STUDENT_DROPOUT-0}  # the QA student's dropout (0: 88.3 % of the teacher, 0.1: 86.4 %)
 CASCADE_TARGET=${CASCADE_TARGET:-0.99}
+TRAFFIC_TEXTS=${TRAFFIC_TEXTS:-6000}  # sst2-traffic: STS-B sentences served and captured (2,000 more held out)
+TRAFFIC_ORIGINAL_ROWS=${TRAFFIC_ORIGINAL_ROWS:-6000}  # SST-2 train rows replayed beside the captured traffic
+TRAFFIC_STEPS=${TRAFFIC_STEPS:-500}  # the next student's optimiser steps of 32, from the served student
 EMBED_EPOCHS=${EMBED_EPOCHS:-1}
 EMBED_COSINE=${EMBED_COSINE:-1}
 EMBED_STEPS=${EMBED_STEPS:-}
@@ -315,6 +324,32 @@ rerank() {  # a MiniLM cross-encoder reranking SQuAD paragraphs, a RERANK_LAYERS
     --repository "$d/models" --eval-data "$d/data/eval.jsonl" --max-length 160 --teacher-dir "$d/teacher-ranker"
 }
 
+sst2_traffic() {  # after sst2: its student learns the traffic it serves (STS-B's sentences), served again
+  local d=$OUT/sst2 t=$OUT/sst2-traffic
+  local models=$d/models teacher_version
+  teacher_version=$(ls "$models/sst2-teacher" | sort -n | tail -1)
+  timed sst2-traffic-split $PY -m benchmarks.traffic_loop split --stsb "$DATA/stsb_train.tsv" --out "$t" \
+    --traffic "$TRAFFIC_TEXTS"
+  rm -rf "$t/capture"
+  timed sst2-traffic-capture $PY -m benchmarks.traffic_loop capture --repository "$models" --student sst2 \
+    --traffic "$t/traffic.txt" --capture "$t/capture"
+  timed sst2-traffic-data $PY -m training traffic "$t/capture" --task text-classification \
+    --train "$d/data/train.jsonl" --eval "$t/heldout.txt" --original-rows "$TRAFFIC_ORIGINAL_ROWS" \
+    --out "$t/train.jsonl" --calibration "$t/calibration.jsonl"
+  local served_version
+  served_version=$(ls "$models/sst2" | sort -n | tail -1)
+  timed sst2-traffic-student $PY -m training distill --task text-classification --teacher "$d/teacher" \
+    --student-init "$d/student" --train "$t/train.jsonl" --eval "$d/data/eval.jsonl" --out "$t/student" \
+    --max-steps "$TRAFFIC_STEPS" --batch-size 32 --max-length 64 --lr 5e-5 --alpha-kd 1 --alpha-hard 0 \
+    --mixed-precision "$MP"
+  timed sst2-traffic-export $PY -m export "$t/student" --task text-classification --name sst2 \
+    --repository "$models" --eval-data "$t/calibration.jsonl" --max-length 64 --teacher-dir "$d/teacher" \
+    --teacher "sst2-teacher:$teacher_version" --cascade-target "$CASCADE_TARGET"
+  timed sst2-traffic-measure $PY -m benchmarks.traffic_loop measure --repository "$models" \
+    --student "sst2:$served_version" --student "sst2:$((served_version + 1))" --traffic "$t/heldout.txt" \
+    --eval "$d/data/eval.jsonl" --out "$t"
+}
+
 wikitext() {  # wikitext TASK PRESET: from-scratch teacher on the train file, half-depth student, valid file
   local task=$1 preset=$2 d=$OUT/wikitext-$3
   timed "wikitext-$3-teacher" $PY -m training teacher --task "$task" --preset "$preset" --vocab-size 8000 \
@@ -338,7 +373,8 @@ for run in "${@:-sst2 squad wikitext-lm wikitext-mlm}"; do
       smollm2-student) smollm2_student ;;
       embeddings) embeddings ;;
       rerank) rerank ;;
-      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student embeddings rerank)" >&2; exit 2 ;;
+      sst2-traffic) sst2_traffic ;;
+      *) echo "unknown run $r (sst2 squad wikitext-lm wikitext-mlm smollm2 smollm2-student embeddings rerank sst2-traffic)" >&2; exit 2 ;;
     esac
   done
 done

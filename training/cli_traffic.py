@@ -75,7 +75,17 @@ def traffic_command(
         help="Keep this many of --train's examples (drawn with --seed), a replay of the old data beside the "
         "traffic; default: all.",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the --original-rows draw."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --original-rows and --calibration draws."),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        dir_okay=False,
+        help="Write a share of the captured inputs here instead, alone: traffic the next student never "
+        "trains on, for `export --eval-data` to gate and calibrate its cascade on the traffic it serves.",
+    ),
+    calibration_share: float = typer.Option(
+        0.2, "--calibration-share", min=0.0, max=1.0, help="The share --calibration takes."
+    ),
 ) -> None:
     """The inputs a served student's teacher answered, labelled by the teacher, as a training file (after the
     original training data): the next student learns the traffic it serves. Writes OUT and OUT.report.json
@@ -96,6 +106,8 @@ def traffic_command(
             disagreed_only=disagreed_only,
             original_rows=original_rows,
             seed=seed,
+            calibration=calibration,
+            calibration_share=calibration_share,
         )
     report = {
         "task": task,
@@ -106,6 +118,7 @@ def traffic_command(
         "disagreed_only": disagreed_only,
         "original_rows": original_rows,
         "seed": seed,
+        "calibration_file": None if calibration is None else str(calibration),
         **counts.as_dict(),
     }
     Path(f"{out}.report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -119,3 +132,7 @@ def traffic_command(
     if len(counts.teachers) > 1:
         console.print(f"[yellow]warning[/] the records come from {len(counts.teachers)} teacher versions")
     console.print(f"[green]traffic[/] {counts.original} original + {counts.kept} captured examples -> {out}")
+    if calibration is not None:
+        console.print(
+            f"[green]traffic[/] {counts.calibration} captured examples to calibrate on -> {calibration}"
+        )

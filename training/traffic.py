@@ -47,6 +47,7 @@ class TrafficCounts:
     kept: int = 0
     disagreed: int = 0  # of those kept, where the student's answer was not the teacher's
     original: int = 0
+    calibration: int = 0  # captured inputs written to the calibration file instead
     teachers: Counter[str] = field(default_factory=Counter)  # "name:version" of the teachers that answered
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,6 +60,7 @@ class TrafficCounts:
             "kept": self.kept,
             "disagreed": self.disagreed,
             "original": self.original,
+            "calibration": self.calibration,
             "teachers": dict(self.teachers),
         }
 
@@ -74,27 +76,46 @@ def traffic_dataset(
     disagreed_only: bool = False,
     original_rows: int | None = None,
     seed: int = 0,
+    calibration: Path | None = None,
+    calibration_share: float = 0.2,
 ) -> TrafficCounts:
     """Write `out`: `train`'s examples (if given; `original_rows` of them drawn with `seed`, a replay of
     the old data beside the new, else all), then the captured inputs of `task` as the teacher answered them.
-    `eval_texts` are texts no kept input may contain or lie inside."""
+    `eval_texts` are texts no kept input may contain or lie inside. With `calibration`, a seeded
+    `calibration_share` of the captured inputs goes there instead, alone, in the same format: traffic the
+    next student never trained on, for the export to gate and calibrate its cascade on (`--eval-data`)."""
     if task not in TASKS:
         raise ValueError(f"captured traffic trains {', '.join(TASKS)}, not {task}")
     counts = TrafficCounts()
     records = _latest(task, [r for path in captures for r in read(path)], sources, counts)
     records = _outside(records, eval_texts, counts)
+    if calibration is not None:
+        if not 0.0 < calibration_share < 1.0:
+            raise ValueError(f"the calibration share must lie in (0, 1), got {calibration_share}")
+        chosen = set(random.Random(seed).sample(range(len(records)), round(calibration_share * len(records))))
+        side = TrafficCounts()
+        _write(
+            task, [r for i, r in enumerate(records) if i in chosen], None, calibration, side, _Sample(None, 0)
+        )
+        counts.calibration = side.kept
+        records = [r for i, r in enumerate(records) if i not in chosen]
     if disagreed_only:
         records = [r for r in records if r.agreed is False]
+    _write(task, records, train, out, counts, _Sample(original_rows, seed))
+    counts.disagreed = sum(r.agreed is False for r in records if _usable(task, r))
+    return counts
+
+
+def _write(
+    task: str, records: list[Captured], train: Path | None, out: Path, counts: TrafficCounts, keep: _Sample
+) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    keep = _Sample(original_rows, seed)
     if task == "text-classification":
         _write_classification(records, train, out, counts, keep)
     elif task == "question-answering":
         _write_squad(records, train, out, counts, keep)
     else:
         _write_text(records, train, out, counts, keep)
-    counts.disagreed = sum(r.agreed is False for r in records if _usable(task, r))
-    return counts
 
 
 def _latest(

@@ -203,3 +203,26 @@ def test_the_cli_writes_the_file_and_its_report(tmp_path: Path) -> None:
     assert captures.exists() and out.read_text().strip() == '{"text": "a caption", "label": "positive"}'
     wrong = runner.invoke(app, [*args, "--sources", "cascade,guess"])
     assert wrong.exit_code == 2 and "--sources" in wrong.output
+
+
+def test_a_calibration_share_of_the_traffic_is_kept_apart_from_training(tmp_path: Path) -> None:
+    captures = write(tmp_path / "c.jsonl", [record(f"caption {i}", label("positive")) for i in range(10)])
+    original = tmp_path / "train.jsonl"
+    original.write_text(
+        '{"text": "a fine film", "label": "positive"}\n{"text": "awful", "label": "negative"}\n'
+    )
+    out, calibration = tmp_path / "train-out.jsonl", tmp_path / "calibration.jsonl"
+    counts = traffic_dataset(
+        "text-classification", [captures], out, train=original, calibration=calibration, calibration_share=0.3
+    )
+    trained = [e.text for e in load_classification(out).examples]
+    held = [e.text for e in load_classification(calibration).examples]
+    assert (counts.kept, counts.calibration, len(held)) == (7, 3, 3)
+    assert trained[:2] == ["a fine film", "awful"]  # the original data trains, and only there
+    assert not set(held) & set(trained) and set(held) | set(trained[2:]) == {
+        f"caption {i}" for i in range(10)
+    }
+    with pytest.raises(ValueError, match="calibration share"):
+        traffic_dataset(
+            "text-classification", [captures], out, calibration=calibration, calibration_share=1.0
+        )
