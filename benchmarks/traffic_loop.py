@@ -103,26 +103,8 @@ def capture(
     texts = _texts(traffic)
     env = {"DISTILSERVE_SHADOW_RATE": "1.0", "DISTILSERVE_CAPTURE_DIR": str(capture_dir.resolve())}
     with serve(repository, env) as base:
-
-        def totals() -> dict[str, float]:
-            return metric_totals(base)
-
-        with (
-            ProgressLog.beside(console, "served and captured", len(texts), unit="inputs") as progress,
-            httpx.Client(base_url=base, timeout=300) as client,
-        ):
-            for start in range(0, len(texts), REQUEST_INPUTS):
-                chunk = texts[start : start + REQUEST_INPUTS]
-                client.post("/v1/classify", json={"inputs": chunk, "model": student}).raise_for_status()
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:  # every input: the teacher's, or checked by it, or dropped
-                    t = totals()
-                    settled = sum(t.get(f"distilserve_{n}_total", 0.0) for n in _SETTLED)
-                    if settled >= start + len(chunk):
-                        break
-                    time.sleep(0.01)
-                progress.update(advance=len(chunk))
-        t = totals()
+        replay(base, texts, {"model": student}, "served and captured")
+        t = metric_totals(base)
     compared = t.get("distilserve_shadow_compared_total", 0.0)
     agreed = t.get("distilserve_shadow_agreed_total", 0.0)
     fallbacks = t.get("distilserve_cascade_fallbacks_total", 0.0)
@@ -136,6 +118,34 @@ def capture(
 
 
 _SETTLED = ("cascade_fallbacks", "shadow_compared", "shadow_dropped")
+
+
+def replay(base: str, texts: list[str], asking: dict[str, Any], what: str) -> None:
+    """`texts` at the default threshold, 32 a request, each request once the one before has settled: every
+    input sent to the teacher or checked by it (or dropped; at a shadow rate below 1, once those counts stop
+    moving), so the teacher's answers are all seen and none competes with the next request."""
+
+    def settled() -> float:
+        t = metric_totals(base)
+        return sum(t.get(f"distilserve_{n}_total", 0.0) for n in _SETTLED)
+
+    start_at = settled()
+    with (
+        ProgressLog.beside(console, what, len(texts), unit="inputs") as progress,
+        httpx.Client(base_url=base, timeout=300) as client,
+    ):
+        for start in range(0, len(texts), REQUEST_INPUTS):
+            chunk = texts[start : start + REQUEST_INPUTS]
+            client.post("/v1/classify", json={"inputs": chunk, **asking}).raise_for_status()
+            deadline, last, still = time.monotonic() + 30, -1.0, 0
+            while time.monotonic() < deadline:
+                now = settled()
+                if now - start_at >= start + len(chunk) or still >= 5:
+                    break
+                still = still + 1 if now == last else 0
+                last = now
+                time.sleep(0.01)
+            progress.update(advance=len(chunk))
 
 
 @dataclass
@@ -198,6 +208,16 @@ def measure(
             "different int8 recipes compare as trained."
         ),
     ] = "fp32",
+    live: Annotated[
+        bool, typer.Option(help="DISTILSERVE_CASCADE_CALIBRATION=live: thresholds calibrated as they serve.")
+    ] = False,
+    shadow_rate: Annotated[
+        float, typer.Option(help="DISTILSERVE_SHADOW_RATE (live calibration's sample).")
+    ] = 0.0,
+    warm_up: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="Traffic each version serves first (a text a line)."),
+    ] = None,
 ) -> None:
     from training.data.loaders import load_classification
 
@@ -208,8 +228,15 @@ def measure(
     versions = [(s.split(":")[0], int(s.split(":")[1])) for s in student]
     name = versions[0][0]
     figures: list[VersionFigures] = []
-    env = {"DISTILSERVE_SHADOW_RATE": "0", "DISTILSERVE_VARIANT": variant}
+    env = {
+        "DISTILSERVE_SHADOW_RATE": str(shadow_rate),
+        "DISTILSERVE_VARIANT": variant,
+        "DISTILSERVE_CASCADE_CALIBRATION": "live" if live else "export",
+    }
     with serve(repository, env) as base, httpx.Client(base_url=base, timeout=300) as client:
+        warm = _texts(warm_up) if warm_up is not None else []
+        for model, version in versions if warm else ():
+            replay(base, warm, {"model": model, "version": version}, f"warm-up v{version}")
         cards = {(c["name"], c["version"]): c for c in client.get("/v1/models").json()["models"]}
         teacher = cards[versions[0]]["teacher"]["name"]
         total = (len(texts) + len(eval_texts)) * (1 + 2 * len(versions))

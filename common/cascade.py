@@ -53,27 +53,46 @@ def at_threshold(confidence: Scores, agrees: Flags, threshold: float) -> Calibra
     )
 
 
-def calibrate(confidence: Scores, agrees: Flags, target: float) -> Calibration:
+def calibrate(confidence: Scores, agrees: Flags, target: float, weights: Scores | None = None) -> Calibration:
     """The lowest threshold whose cascade agrees with the teacher on at least `target` of the inputs.
 
     Candidate thresholds are 0 (the student answers everything) and each distinct confidence (everything
     below it goes to the teacher). A target the student alone meets gives 0; when only sending every input
     would meet it, the threshold lies just above the highest confidence seen (the student answers nothing).
+    `weights`: how many inputs each one stands for (a sample's inverse inclusion probability: the service's
+    live calibration sees every input the cascade sent and a sampled share of the rest); the Calibration's
+    shares are then weighted too.
     """
     if not 0.0 <= target <= 1.0:
         raise ValueError(f"the target agreement is a share between 0 and 1, got {target}")
     c, a = _arrays(confidence, agrees)
-    n = c.size
-    allowed = int(np.floor((1.0 - target) * n + 1e-9))  # disagreements the target leaves room for
+    w = np.ones_like(c) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != c.shape or not np.all(w > 0):
+        raise ValueError(f"need one positive weight per input, got {w.shape} for {c.shape}")
+    allowed = (1.0 - target) * w.sum() + 1e-9 * w.sum()  # disagreeing weight the target leaves room for
     values = np.unique(c)
     order = np.argsort(c, kind="stable")
-    wrong_from = np.append(np.cumsum((~a[order])[::-1])[::-1], 0)  # disagreements among sorted[i:]
+    wrong = np.where(a[order], 0.0, w[order])
+    wrong_from = np.append(np.cumsum(wrong[::-1])[::-1], 0.0)  # disagreeing weight among sorted[i:]
     wrong_at = wrong_from[np.searchsorted(c[order], values, side="left")]  # ... among c >= each value
-    if int((~a).sum()) <= allowed:
-        return at_threshold(c, a, 0.0)
-    meeting = np.flatnonzero(wrong_at <= allowed)
-    threshold = float(values[meeting[0]]) if meeting.size else float(np.nextafter(values[-1], np.inf))
-    return at_threshold(c, a, threshold)
+    if wrong.sum() <= allowed:
+        threshold = 0.0
+    else:
+        meeting = np.flatnonzero(wrong_at <= allowed)
+        threshold = float(values[meeting[0]]) if meeting.size else float(np.nextafter(values[-1], np.inf))
+    return at_threshold(c, a, threshold) if weights is None else _weighted(c, a, w, threshold)
+
+
+def _weighted(c: np.ndarray, a: np.ndarray, w: np.ndarray, threshold: float) -> Calibration:
+    to_teacher = c < threshold
+    total = float(w.sum())
+    return Calibration(
+        threshold=float(threshold),
+        agreement=1.0 - float(w[~a & ~to_teacher].sum()) / total,
+        fallback_rate=float(w[to_teacher].sum()) / total,
+        student_agreement=float(w[a].sum()) / total,
+        examples=int(c.size),
+    )
 
 
 def paying_limit(confidence: Scores, agrees: Flags, student_cost: float) -> Calibration | None:

@@ -29,11 +29,12 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from service.capture import TrafficCapture
 from service.exchange import Exchange, TextLimits
+from service.live_calibration import LEAST, LiveCalibration
 from service.manifest import CascadeCalibration, DistillationRecord
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError, ModelRegistry
@@ -78,6 +79,7 @@ class Pair:
     compared: Any  # distilserve_shadow_compared_total{model, teacher}
     agreed: Any  # distilserve_shadow_agreed_total{model, teacher}
     dropped: Any  # distilserve_shadow_dropped_total{model, teacher}
+    live: LiveCalibration | None = None  # DISTILSERVE_CASCADE_CALIBRATION=live: its threshold as it serves
 
 
 class Pairs:
@@ -135,6 +137,12 @@ class Pairs:
                     teacher.name,
                     calibration.student_cost,
                 )
+            live = None
+            if calibration is not None and not ranking and model.manifest.task in CASCADE_TASKS:
+                gauge = metrics.cascade_threshold.labels(model.name)
+                gauge.set(calibration.threshold)
+                if settings.cascade_calibration == "live":
+                    live = LiveCalibration(calibration.target_agreement, gauge.set)
             self._pairs[key] = Pair(
                 teacher,
                 calibration.threshold if calibration is not None else None,
@@ -145,6 +153,7 @@ class Pairs:
                 metrics.shadow_compared.labels(model.name, teacher.name),
                 metrics.shadow_agreed.labels(model.name, teacher.name),
                 metrics.shadow_dropped.labels(model.name, teacher.name),
+                live,
             )
             record = model.manifest.distillation
             if record is not None and record.student_ahead and model.manifest.task in CASCADE_TASKS:
@@ -165,10 +174,21 @@ class Pairs:
         return self._pairs.get((model.name, model.manifest.version))
 
     def threshold(self, pair: Pair, requested: float | None) -> float | None:
-        """The request's own threshold, else the setting's, else the calibrated one; None: student only.
-        A ranking pair's inputs go to the teacher by a request's own threshold only (its calibration is
-        a margin between documents, `margin`)."""
-        return requested if pair.ranking else self._chosen(pair, requested, self.settings.cascade_threshold)
+        """The request's own threshold, else the setting's, else the calibrated one (live, once it has seen
+        enough, else the export's); None: student only. A ranking pair's inputs go to the teacher by a
+        request's own threshold only (its calibration is a margin between documents, `margin`)."""
+        if pair.ranking:
+            return requested
+        live = self._live(pair, requested)
+        found = live.threshold() if live is not None else None
+        return found if found is not None else self._chosen(pair, requested, self.settings.cascade_threshold)
+
+    def _live(self, pair: Pair, requested: float | None) -> LiveCalibration | None:
+        """The pair's live calibration where this request uses the default threshold, else None."""
+        default = (
+            requested is None and self.settings.cascade == "on" and self.settings.cascade_threshold is None
+        )
+        return pair.live if default else None
 
     def teacher_directly(self, pair: Pair, requested: float | None) -> bool:
         """The calibrated threshold applies, and there the teacher alone costs less than the cascade."""
@@ -218,6 +238,9 @@ class Pairs:
         unsure = [] if threshold is None else [i for i, r in enumerate(results) if confidence(r) < threshold]
         if threshold is not None:
             pair.inputs.inc(len(inputs))
+        live = self._live(pair, requested)
+        if live is not None:
+            live.answered(len(inputs) - len(unsure))
         if unsure:
             pair.fallbacks.inc(len(unsure))
             answers = await answer_all(pair.teacher, [inputs[i] for i in unsure], x)
@@ -225,6 +248,8 @@ class Pairs:
                 asked, own = [inputs[i] for i in unsure], [results[i] for i in unsure]
                 self.capture.keep(model, pair.teacher, "cascade", asked, answers, own)
             for i, rows in zip(unsure, answers, strict=True):
+                if live is not None:
+                    live.sent(confidence(results[i]), best_answer(results[i]) == best_answer(rows))
                 results[i] = rows
         sure = len(unsure) < len(inputs)
         if not unsure:
@@ -234,9 +259,8 @@ class Pairs:
         if sure and self.settings.shadow_rate > 0:
             taken = set(unsure)
             kept = [i for i in range(len(inputs)) if i not in taken]
-            self._shadow(
-                model, pair, [inputs[i] for i in kept], [results[i] for i in kept], answer_all, x.limits
-            )
+            mine = [results[i] for i in kept]
+            self._shadow(model, pair, [inputs[i] for i in kept], mine, answer_all, x.limits, live)
         return results
 
     @contextmanager
@@ -256,8 +280,10 @@ class Pairs:
         mine: list[R],
         answer_all: AnswerAll[I, R],
         limits: TextLimits,
+        live: LiveCalibration | None = None,
     ) -> None:
-        """Check a sampled share of the student's answers with the teacher, off the client's path."""
+        """Check a sampled share of the student's answers with the teacher, off the client's path; each
+        check also feeds the pair's live calibration (`live`) where the request used its default."""
         picked = [i for i in range(len(inputs)) if self.sampled()]
         if not picked:
             return
@@ -267,9 +293,11 @@ class Pairs:
             theirs = await answer_all(pair.teacher, asked, Exchange(limits=limits, shadow=True))
             if self.capture is not None and not pair.ranking:
                 self.capture.keep(model, pair.teacher, "shadow", asked, theirs, [mine[i] for i in picked])
-            return len(picked), sum(
-                best_answer(mine[i]) == best_answer(t) for i, t in zip(picked, theirs, strict=True)
-            )
+            agreed = [best_answer(mine[i]) == best_answer(t) for i, t in zip(picked, theirs, strict=True)]
+            if live is not None:
+                for i, same in zip(picked, agreed, strict=True):
+                    live.checked(confidence(mine[i]), same)
+            return len(picked), sum(agreed)
 
         self.check_later(pair, len(picked), check)
 
@@ -325,6 +353,7 @@ class Pairs:
                 "student_ahead": record is not None and record.student_ahead,
                 "reason": None if threshold is not None else self._why_off(pair),
                 "calibration": calibration.model_dump() if calibration is not None else None,
+                "live": _live_card(pair),
             },
         }
 
@@ -347,3 +376,16 @@ def _live_reference(
     if record is None:
         return None
     return record.teacher_cosine if model.manifest.embedding is not None else record.agreement
+
+
+def _live_card(pair: Pair) -> dict[str, Any] | None:
+    """What GET /v1/models says of a pair's live calibration: None where it is off."""
+    if pair.live is None:
+        return None
+    found = pair.live.current
+    if found is None:
+        return {
+            "active": False,
+            "reason": f"fewer than {LEAST} inputs of each kind seen (the export's serves)",
+        }
+    return {"active": True, **asdict(found)}

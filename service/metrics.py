@@ -295,6 +295,14 @@ class Metrics:
             ["model", "teacher"],
             registry=r,
         )
+        self.cascade_threshold = Gauge(
+            "distilserve_cascade_threshold",
+            "A paired student's default cascade threshold now (DISTILSERVE_CASCADE_CALIBRATION=live: as "
+            "recalibrated on what it serves; else its export's).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",  # frontends calibrate apart: the highest, the one sending most
+        )
         # traffic capture (service.capture): what a pair's teacher answered, kept as training data
         self.capture_records = Counter(
             "distilserve_capture_records",

@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         description="One threshold for every pair instead of each pair's calibrated one (0: the student "
         "answers everything).",
     )
+    cascade_calibration: Literal["export", "live"] = Field(
+        "export",
+        description="Where a pair's default threshold comes from: export, the one its export calibrated on "
+        "its eval data; live, recalibrated as it serves for the same target agreement, on the inputs the "
+        "cascade sends and the shadow checks of the rest (needs DISTILSERVE_SHADOW_RATE > 0; the export's "
+        "serves until 200 of each are seen).",
+    )
     cascade_margin: float | None = Field(
         None,
         ge=0.0,

@@ -139,3 +139,20 @@ def test_bad_ranking_calibration_inputs_are_refused() -> None:
         calibrate_margin([], 0.9)
     with pytest.raises(ValueError, match="between 0 and 1"):
         calibrate_margin(QUERIES, -0.1)
+
+
+def test_a_weight_counts_as_that_many_copies_of_an_input() -> None:
+    from common.cascade import calibrate
+
+    rng = np.random.default_rng(1)
+    c = rng.uniform(0, 1, 300)
+    a = rng.uniform(0, 1, 300) < c
+    w = rng.integers(1, 5, 300)
+    weighted = calibrate(c, a, 0.95, weights=w.astype(float))
+    copies = calibrate(np.repeat(c, w), np.repeat(a, w), 0.95)
+    assert weighted.threshold == copies.threshold
+    assert weighted.agreement == pytest.approx(copies.agreement)
+    assert weighted.fallback_rate == pytest.approx(copies.fallback_rate)
+    assert weighted.student_agreement == pytest.approx(copies.student_agreement)
+    with pytest.raises(ValueError, match="positive weight"):
+        calibrate(c, a, 0.95, weights=np.zeros(300))
