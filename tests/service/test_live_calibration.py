@@ -31,7 +31,7 @@ def test_a_sample_weighted_by_what_each_check_stands_for_finds_the_populations_t
     c, agreed = population(20_000, seed=0)
     truth = calibrate(c, agreed, 0.99).threshold
     changes: list[float] = []
-    live = LiveCalibration(0.99, changes.append)
+    live = LiveCalibration(0.99, changes.append, background=False)
     served_at, rate, rng = 0.9, 0.1, random.Random(0)  # the export's threshold, the shadow rate
     for conf, same in zip(c, agreed, strict=True):
         if conf < served_at:
@@ -48,7 +48,7 @@ def test_a_sample_weighted_by_what_each_check_stands_for_finds_the_populations_t
 
 
 def test_the_exports_threshold_serves_until_enough_is_seen() -> None:
-    live = LiveCalibration(0.99)
+    live = LiveCalibration(0.99, background=False)
     for _ in range(live_calibration.LEAST):
         live.sent(0.3, False)
     live.answered(10)
@@ -64,6 +64,7 @@ def test_served_the_live_threshold_is_the_calibration_of_what_was_served(
 ) -> None:
     monkeypatch.setattr(live_calibration, "LEAST", 4)
     monkeypatch.setattr(live_calibration, "EVERY", 1)
+    monkeypatch.setattr(live_calibration, "BACKGROUND", False)  # each input recalibrates at once
     texts = [f"review number {i}: {'good' if i % 3 else 'bad'} film {'indeed' * (i % 4)}" for i in range(24)]
     # the export's threshold from the student's own scores: about half the inputs sent on, half kept
     with TestClient(create_app(Settings(model_repository=pair_repository))) as c:
@@ -104,3 +105,16 @@ def test_served_the_live_threshold_is_the_calibration_of_what_was_served(
         answered = c.post("/v1/classify", json={"inputs": texts, "model": "cls"}).json()
         for score, row in zip(scores, answered, strict=True):  # the default now sends by the live threshold
             assert row[0]["model"] == ("cls-teacher" if score < expected.threshold else "cls")
+
+
+def test_a_recalibration_runs_off_the_callers_thread_and_lands_when_done() -> None:
+    c, agreed = population(4_000, seed=1)
+    live = LiveCalibration(0.99)  # on a thread, as served
+    live.answered(len(c))
+    for conf, same in zip(c, agreed, strict=True):
+        (live.sent if conf < 0.6 else live.checked)(float(conf), bool(same))
+    deadline = time.monotonic() + 10
+    while live.threshold() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert live.threshold() is not None
+    assert live.current is not None and live.current.sent_seen + live.current.checked_seen <= len(c)
