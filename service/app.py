@@ -22,6 +22,7 @@ from service.cascade import Pairs
 from service.engine_plan import EngineFactory
 from service.exchange import TextLimits
 from service.ipc import Executions, IndexRow
+from service.live_calibration import LiveCalibrations
 from service.metrics import Metrics
 from service.model_control import ModelControl
 from service.registry import ModelRegistry
@@ -168,11 +169,12 @@ def create_app(
             models = await engine.open()
         passages = PassageCache(settings.passage_cache, metrics)
         capture = traffic_capture(settings, metrics)
+        calibrations: LiveCalibrations = {}  # what each pair's live calibration has seen, across reloads
 
         def route_to(models: list[ServedModel]) -> None:
             """The registry, the pairs and what a request gets, all at once: a request sees one set."""
             registry = ModelRegistry(models)
-            pairs = Pairs(registry, settings, metrics, capture)
+            pairs = Pairs(registry, settings, metrics, capture, calibrations)
             app.state.registry = registry
             app.state.collaborators = Collaborators(settings, metrics, registry, pairs, passages)
 

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from service.capture import TrafficCapture
 from service.exchange import Exchange, TextLimits
-from service.live_calibration import LEAST, LiveCalibration
+from service.live_calibration import LEAST, LiveCalibration, LiveCalibrations
 from service.manifest import CascadeCalibration, DistillationRecord
 from service.metrics import Metrics
 from service.registry import ModelNotFoundError, ModelRegistry
@@ -91,9 +91,12 @@ class Pairs:
         settings: Settings,
         metrics: Metrics,
         capture: TrafficCapture | None = None,
+        calibrations: LiveCalibrations | None = None,
     ) -> None:
         self.settings = settings
         self.capture = capture  # where what a teacher answers is kept (DISTILSERVE_CAPTURE_DIR), or None
+        # each pair's live calibration, kept by whoever builds Pairs again when models change
+        calibrations = {} if calibrations is None else calibrations
         self._shadow_in_flight = 0
         self._clients_in_flight = 0  # this process's requests inside `answer` now
         self._shadow_tasks: set[asyncio.Task[None]] = set()  # referenced until done
@@ -142,7 +145,14 @@ class Pairs:
                 gauge = metrics.cascade_threshold.labels(model.name)
                 gauge.set(calibration.threshold)
                 if settings.cascade_calibration == "live":
-                    live = LiveCalibration(calibration.target_agreement, gauge.set)
+                    pair_key = (*key, teacher.name, teacher.manifest.version)
+                    live = calibrations.get(pair_key)
+                    if live is None:
+                        live = calibrations[pair_key] = LiveCalibration(
+                            calibration.target_agreement, gauge.set
+                        )
+                    elif live.current is not None:
+                        gauge.set(live.current.threshold)
             self._pairs[key] = Pair(
                 teacher,
                 calibration.threshold if calibration is not None else None,

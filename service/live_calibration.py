@@ -136,3 +136,6 @@ class LiveCalibration:
         )
         if self._on_change is not None:
             self._on_change(found.threshold)
+
+
+LiveCalibrations = dict[tuple[str, int, str, int], LiveCalibration]  # (student, version, teacher, version)

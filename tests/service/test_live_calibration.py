@@ -106,6 +106,20 @@ def test_served_the_live_threshold_is_the_calibration_of_what_was_served(
         for score, row in zip(scores, answered, strict=True):  # the default now sends by the live threshold
             assert row[0]["model"] == ("cls-teacher" if score < expected.threshold else "cls")
 
+        # models reloaded (model control builds the pairs again): what the calibration saw is kept
+        from service.cascade import Pairs
+        from service.live_calibration import LiveCalibrations
+
+        state = c.app.state  # type: ignore[attr-defined]
+        kept: LiveCalibrations = {}
+        before = Pairs(state.registry, settings, state.metrics, None, kept)
+        student = state.registry.get("cls", None)
+        first = before.pair_of(student)
+        assert first is not None and first.live is not None
+        first.live.sent(0.1, False)
+        again = Pairs(state.registry, settings, state.metrics, None, kept).pair_of(student)
+        assert again is not None and again.live is first.live
+
 
 def test_a_recalibration_runs_off_the_callers_thread_and_lands_when_done() -> None:
     c, agreed = population(4_000, seed=1)
