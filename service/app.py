@@ -162,14 +162,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = False
+        capture = traffic_capture(settings, metrics)  # first: a directory it cannot write opens nothing
+        calibrations: LiveCalibrations = {}  # what each pair's live calibration has seen, across reloads
         engine = engine_connection(settings, metrics, engine_factory)
         app.state.engine = engine
         clock = StartupClock("frontend")
         with clock.phase("engine"):  # the core's models (or, in-process, loading them here)
             models = await engine.open()
         passages = PassageCache(settings.passage_cache, metrics)
-        capture = traffic_capture(settings, metrics)
-        calibrations: LiveCalibrations = {}  # what each pair's live calibration has seen, across reloads
 
         def route_to(models: list[ServedModel]) -> None:
             """The registry, the pairs and what a request gets, all at once: a request sees one set."""
@@ -178,16 +178,17 @@ def create_app(
             app.state.registry = registry
             app.state.collaborators = Collaborators(settings, metrics, registry, pairs, passages)
 
-        route_to(models)
-        engine.watch(route_to)
-        app.state.ready = True
-        log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
-        clock.report(metrics.startup_seconds)
-        if loaded is not None:
-            await loaded()
-        grpc_server = await _start_grpc(app, settings, api_keys) if grpc and settings.grpc_port else None
-        app.state.grpc = grpc_server
-        try:
+        grpc_server = None
+        try:  # from here on a failure closes what is open: engine threads left running would hold the exit
+            route_to(models)
+            engine.watch(route_to)
+            app.state.ready = True
+            log.info("ready: %s", ", ".join(f"{m.name} v{m.manifest.version}" for m in models))
+            clock.report(metrics.startup_seconds)
+            if loaded is not None:
+                await loaded()
+            grpc_server = await _start_grpc(app, settings, api_keys) if grpc and settings.grpc_port else None
+            app.state.grpc = grpc_server
             yield
         finally:
             app.state.ready = False

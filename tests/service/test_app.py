@@ -208,3 +208,27 @@ def test_a_failing_engine_call_fails_only_its_batch(settings: Settings) -> None:
     long, short = run_with_client(settings.model_copy(update={"warmup": False}), body, factory)
     assert long.status_code == 500 and "simulated device fault" in long.json()["error"]
     assert short.status_code == 200
+
+
+def test_a_start_up_that_fails_after_the_engine_opened_closes_it(settings: Settings) -> None:
+    """Left running, its batcher threads would hold the process at exit instead of letting it be restarted."""
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+
+    async def siblings_never_came_up() -> None:
+        raise RuntimeError("the other frontends did not start")
+
+    before = set(threading.enumerate())
+    with (
+        pytest.raises(RuntimeError, match="did not start"),
+        TestClient(create_app(settings, loaded=siblings_never_came_up)),
+    ):
+        pass
+    deadline = time.monotonic() + 10
+    left = [t for t in set(threading.enumerate()) - before if t.name.startswith("engine-")]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [t for t in left if t.is_alive()]
+    assert not left, [t.name for t in left]
