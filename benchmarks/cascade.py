@@ -147,13 +147,13 @@ def measure_quality(
         fallback_rate=float(np.mean([m == teacher for m in cascade.models])),
         cascade_agreement=float(np.mean(agreement)),
         student_agreement=float(np.mean(student_agreement)),
-        threshold=_served_threshold(base, student),
+        threshold=served_threshold(base, student),
         held_out=held_out(data, alone, by_teacher, target),
     )
     return quality, sweep(data, alone, by_teacher), oracle(data, alone, by_teacher)
 
 
-def _served_threshold(base: str, student: str) -> float:
+def served_threshold(base: str, student: str) -> float:
     cards = httpx.get(f"{base}/v1/models", timeout=10).json()["models"]
     card = max((c for c in cards if c["name"] == student), key=lambda c: c["version"])  # the one served
     if card["teacher"] is None or not card["cascade"]["active"]:
@@ -272,7 +272,7 @@ def main(
     teacher, target = manifest["teacher"]["name"], manifest["cascade"]["target_agreement"]
     offline = (manifest.get("distillation") or {}).get("agreement")
     with serve(repository, {}) as base:
-        _served_threshold(base, student)  # refuse before measuring anything
+        served_threshold(base, student)  # refuse before measuring anything
         quality, points, bound = measure_quality(base, data, student, teacher, target)
         extra = [float(t) for t in thresholds.split(",") if t.strip()]
         speed = throughput(base, data, student, teacher, connections, seconds, extra)

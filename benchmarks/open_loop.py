@@ -18,6 +18,7 @@ import json
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -51,9 +52,26 @@ def raw_post(host: str, path: str, body: str) -> bytes:
     ).encode()
 
 
+@dataclass(frozen=True)
+class Reply:
+    """One request of an open-loop run: which of the bodies it sent, its status, its answer, its latency."""
+
+    body: int
+    status: int  # 0: the connection failed
+    answer: bytes
+    latency_s: float
+
+
 async def _open_loop(
-    host: str, port: int, raws: list[bytes], rate: float, seconds: float, connections: int
+    host: str,
+    port: int,
+    raws: list[bytes],
+    rate: float,
+    seconds: float,
+    connections: int,
+    replies: list[Reply] | None = None,
 ) -> dict[str, float]:
+    """`replies`: where each request's `Reply` goes, when the caller reads the answers."""
     pool: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
     for _ in range(connections):
         pool.put_nowait(await asyncio.open_connection(host, port))
@@ -61,11 +79,12 @@ async def _open_loop(
     errors = 0
     rng = random.Random(0)
 
-    async def one(raw: bytes, due: float) -> None:
+    async def one(index: int, due: float) -> None:
         nonlocal errors
         connection = await pool.get()
+        status, answer = 0, b""
         try:
-            status, _ = await http_exchange(*connection, raw)
+            status, answer = await http_exchange(*connection, raws[index])
             errors += status != 200
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             errors += 1
@@ -73,6 +92,8 @@ async def _open_loop(
         finally:
             pool.put_nowait(connection)
         latencies.append(time.perf_counter() - due)
+        if replies is not None:
+            replies.append(Reply(index, status, answer, latencies[-1]))
 
     started = time.perf_counter()
     due, tasks = started, []
@@ -81,7 +102,7 @@ async def _open_loop(
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(rng.choice(raws), due)))
+        tasks.append(asyncio.create_task(one(rng.randrange(len(raws)), due)))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - started
     ordered = sorted(latencies)
@@ -95,11 +116,17 @@ async def _open_loop(
 
 
 def open_loop(
-    base: str, path: str, bodies: list[str], rate: float, seconds: float, connections: int
+    base: str,
+    path: str,
+    bodies: list[str],
+    rate: float,
+    seconds: float,
+    connections: int,
+    replies: list[Reply] | None = None,
 ) -> dict[str, float]:
     host, port = base.removeprefix("http://").split(":")
     raws = [raw_post(host, path, body) for body in bodies]
-    return asyncio.run(_open_loop(host, int(port), raws, rate, seconds, connections))
+    return asyncio.run(_open_loop(host, int(port), raws, rate, seconds, connections, replies))
 
 
 def _env(setting: str) -> dict[str, str]:

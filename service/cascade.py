@@ -6,7 +6,10 @@ data, the cascade's calibrated threshold (`cascade`, common.cascade). `Pairs` fi
 among the served models once, at start-up. `Pairs.answer` runs a task's own answer function on the student
 for all of a request's inputs, then once more on the teacher for the inputs whose confidence (the score of
 the student's best answer) is below the threshold: both tiers stay batched in the engine, a request with
-several inputs sends only its unsure ones, and every answer carries `model`, the name that gave it.
+several inputs sends only its unsure ones, and every answer carries `model`, the name that gave it. A
+teacher that cannot take the unsure inputs (its queue full, its engine away, not done within the cascade's
+budget or the request's deadline) leaves the student's answers standing (`from_teacher`): the student has
+answered already, and a 429 or a 504 for an answer the service holds helps no client.
 
 Live agreement: a share (`DISTILSERVE_SHADOW_RATE`) of the inputs the student answered goes to the teacher
 too, after the client has its answer, at the engine's lowest priority (service.batching: refused while a
@@ -32,8 +35,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from service.batch_policy import DeadlineExceededError, QueueFullError, QueueTooSmallError
 from service.capture import TrafficCapture
 from service.exchange import Exchange, TextLimits
+from service.ipc import EngineUnavailableError
 from service.live_calibration import LEAST, LiveCalibration, LiveCalibrations
 from service.manifest import CascadeCalibration, DistillationRecord
 from service.metrics import Metrics
@@ -45,12 +50,14 @@ log = logging.getLogger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - one input of the task (a text, a question/context pair)
 R = TypeVar("R")  # one input's answers, best first: dicts with a `score` and a `model`
+T = TypeVar("T")  # what a teacher's call returns
 AnswerAll = Callable[[ServedModel, Sequence[I], Exchange], Awaitable[list[R]]]
 CASCADE_TASKS = frozenset({"text-classification", "question-answering", "fill-mask"})
 SHADOW_IN_FLIGHT = 64  # inputs a process has with teachers for shadow checks at once; beyond: dropped
 SHADOW_BUSY = 4  # client requests in flight in this process beyond which no shadow check is sent
 Checked = tuple[int, float]  # a shadow check's (inputs compared, agreed: a count, or a sum of cosines)
 SHADOW_TIMEOUT_S = 5.0  # a shadow check not done within this long is dropped (and leaves the queue)
+BUSY_REASONS = ("overloaded", "unavailable", "late")  # why a teacher could not answer (cascade_kept)
 
 
 def confidence(rows: Any) -> float:
@@ -79,6 +86,7 @@ class Pair:
     compared: Any  # distilserve_shadow_compared_total{model, teacher}
     agreed: Any  # distilserve_shadow_agreed_total{model, teacher}
     dropped: Any  # distilserve_shadow_dropped_total{model, teacher}
+    kept: dict[str, Any]  # distilserve_cascade_kept_total{model, teacher, reason}, by reason
     live: LiveCalibration | None = None  # DISTILSERVE_CASCADE_CALIBRATION=live: its threshold as it serves
 
 
@@ -163,6 +171,7 @@ class Pairs:
                 metrics.shadow_compared.labels(model.name, teacher.name),
                 metrics.shadow_agreed.labels(model.name, teacher.name),
                 metrics.shadow_dropped.labels(model.name, teacher.name),
+                {r: metrics.cascade_kept.labels(model.name, teacher.name, r) for r in BUSY_REASONS},
                 live,
             )
             record = model.manifest.distillation
@@ -233,12 +242,15 @@ class Pairs:
         pair = self.pair_of(model)
         if pair is not None and not pair.ranking and self.teacher_directly(pair, requested):
             pair.inputs.inc(len(inputs))
-            pair.fallbacks.inc(len(inputs))
-            x.answered_by = (pair.teacher.name,)
-            answers = await answer_all(pair.teacher, inputs, x)
-            if self.capture is not None:
-                self.capture.keep(model, pair.teacher, "teacher", inputs, answers, None)
-            return answers
+            teacher = pair.teacher
+            directly = await self.from_teacher(pair, len(inputs), lambda: answer_all(teacher, inputs, x), x)
+            if directly is not None:
+                pair.fallbacks.inc(len(inputs))
+                x.answered_by = (pair.teacher.name,)
+                if self.capture is not None:
+                    self.capture.keep(model, pair.teacher, "teacher", inputs, directly, None)
+                return directly
+            pair = None  # the teacher could not take them: the student answers, as if unpaired
         with self.serving():
             results = await answer_all(model, inputs, x)
         if pair is None:
@@ -251,27 +263,61 @@ class Pairs:
         live = self._live(pair, requested)
         if live is not None:
             live.answered(len(inputs) - len(unsure))
+        kept: list[int] = []  # unsure, but the teacher could not take them: the student's answers stand
         if unsure:
-            pair.fallbacks.inc(len(unsure))
-            answers = await answer_all(pair.teacher, [inputs[i] for i in unsure], x)
-            if self.capture is not None and not pair.ranking:
-                asked, own = [inputs[i] for i in unsure], [results[i] for i in unsure]
-                self.capture.keep(model, pair.teacher, "cascade", asked, answers, own)
-            for i, rows in zip(unsure, answers, strict=True):
-                if live is not None:
-                    live.sent(confidence(results[i]), best_answer(results[i]) == best_answer(rows))
-                results[i] = rows
-        sure = len(unsure) < len(inputs)
+            asked, teacher = [inputs[i] for i in unsure], pair.teacher
+            answers = await self.from_teacher(
+                pair, len(unsure), lambda: answer_all(teacher, asked, x), x, late=True
+            )
+            if answers is None:
+                kept, unsure = unsure, []
+            else:
+                pair.fallbacks.inc(len(unsure))
+                if self.capture is not None and not pair.ranking:
+                    own = [results[i] for i in unsure]
+                    self.capture.keep(model, teacher, "cascade", asked, answers, own)
+                for i, rows in zip(unsure, answers, strict=True):
+                    if live is not None:
+                        live.sent(confidence(results[i]), best_answer(results[i]) == best_answer(rows))
+                    results[i] = rows
+        sure = len(unsure) + len(kept) < len(inputs)
         if not unsure:
             x.answered_by = (model.name,)
         else:
             x.answered_by = (model.name, pair.teacher.name) if sure else (pair.teacher.name,)
         if sure and self.settings.shadow_rate > 0:
-            taken = set(unsure)
-            kept = [i for i in range(len(inputs)) if i not in taken]
-            mine = [results[i] for i in kept]
-            self._shadow(model, pair, [inputs[i] for i in kept], mine, answer_all, x.limits, live)
+            taken = set(unsure) | set(kept)
+            mine_at = [i for i in range(len(inputs)) if i not in taken]
+            mine = [results[i] for i in mine_at]
+            self._shadow(model, pair, [inputs[i] for i in mine_at], mine, answer_all, x.limits, live)
         return results
+
+    async def from_teacher(
+        self, pair: Pair, inputs: int, call: Callable[[], Awaitable[T]], x: Exchange, late: bool = False
+    ) -> T | None:
+        """`call`'s answers from the pair's teacher, or None where it could not take `inputs` and the
+        student's answers stand (DISTILSERVE_CASCADE_OVERLOAD=student): its queue full, its engine away,
+        or with `late` (the student has answered already) not done within DISTILSERVE_CASCADE_BUDGET_MS
+        or the request's deadline; its work still queued then leaves the queue uncomputed. Counted per
+        reason, and in the exchange (X-Distilserve-Teacher-Busy)."""
+        budget_ms = self.settings.cascade_budget_ms if late else None
+        try:
+            if budget_ms is None:
+                return await call()
+            try:
+                return await asyncio.wait_for(call(), budget_ms / 1000.0)
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    f"the teacher {pair.teacher.name} did not answer within the cascade's budget of "
+                    f"{budget_ms:g} ms (DISTILSERVE_CASCADE_BUDGET_MS)"
+                ) from None
+        except (QueueFullError, QueueTooSmallError, EngineUnavailableError, DeadlineExceededError) as e:
+            reason = busy_reason(e)
+            if self.settings.cascade_overload == "refuse" or (reason == "late" and not late):
+                raise
+        pair.kept[reason].inc(inputs)
+        x.teacher_busy += inputs
+        return None
 
     @contextmanager
     def serving(self) -> Iterator[None]:
@@ -373,6 +419,13 @@ class Pairs:
         if pair.ranking:
             return "exported without eval data: no calibrated margin (set DISTILSERVE_CASCADE_MARGIN)"
         return "exported without eval data: no calibrated threshold (set DISTILSERVE_CASCADE_THRESHOLD)"
+
+
+def busy_reason(e: Exception) -> str:
+    """Why a teacher could not answer, as distilserve_cascade_kept_total says it."""
+    if isinstance(e, QueueFullError | QueueTooSmallError):
+        return "overloaded"
+    return "unavailable" if isinstance(e, EngineUnavailableError) else "late"
 
 
 def _live_reference(

@@ -275,6 +275,15 @@ class Metrics:
             ["model", "teacher"],
             registry=r,
         )
+        self.cascade_kept = Counter(
+            "distilserve_cascade_kept",
+            "Inputs below the cascade's threshold whose student answer stood because the teacher could not "
+            "take them (reason: overloaded, its queue full; unavailable, its engine away; late, past the "
+            "cascade's budget or the request's deadline); for a pair whose teacher answers directly, inputs "
+            "the student answered instead.",
+            ["model", "teacher", "reason"],
+            registry=r,
+        )
         # live agreement (shadow checks): agreement = agreed / compared, beside the export-time figure
         self.shadow_compared = Counter(
             "distilserve_shadow_compared",

@@ -58,10 +58,14 @@ async def rank(
     if pair is None or not pair.ranking:  # `model` ranks (who embedded what, its scoring says in x)
         scores = await score(model, every, x)
         return Ranked(scores, [model.name] * documents, best_first(scores, every))
+    teacher = pair.teacher
     if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
         pair.inputs.inc(documents)
-        pair.fallbacks.inc(documents)
-        return _alone(pair.teacher, await score(pair.teacher, every, x), x)
+        theirs = await pairs.from_teacher(pair, documents, lambda: score(teacher, every, x), x)
+        if theirs is not None:
+            pair.fallbacks.inc(documents)
+            return _alone(teacher, theirs, x)
+        return _alone(model, await score(model, every, x), x)  # the teacher could not take them
     with pairs.serving():
         mine = await score(model, every, x)
     margin = pairs.margin(pair, requested)
@@ -73,9 +77,13 @@ async def rank(
         near = []
     scores, scored_by = list(mine), [model.name] * documents
     if near:
-        pair.fallbacks.inc(len(near))
-        for i, s in zip(near, await score(pair.teacher, near, x), strict=True):
-            scores[i], scored_by[i] = s, pair.teacher.name
+        theirs = await pairs.from_teacher(pair, len(near), lambda: score(teacher, near, x), x, late=True)
+        if theirs is None:  # the teacher could not take them: the student's ranking stands
+            near = []
+        else:
+            pair.fallbacks.inc(len(near))
+            for i, s in zip(near, theirs, strict=True):
+                scores[i], scored_by[i] = s, teacher.name
     read = set(near)
     order = best_first(scores, near) + best_first(mine, [i for i in every if i not in read])
     names = [model.name] if len(near) < documents else []

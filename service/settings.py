@@ -132,6 +132,21 @@ class Settings(BaseSettings):
         "cascade sends and the shadow checks of the rest (needs DISTILSERVE_SHADOW_RATE > 0; the export's "
         "serves until 200 of each are seen).",
     )
+    cascade_overload: Literal["student", "refuse"] = Field(
+        "student",
+        description="What a cascade does with its unsure inputs when the teacher cannot take them (its queue "
+        "is full, its engine is away, or DISTILSERVE_CASCADE_BUDGET_MS is spent): student, the student's "
+        "answers stand (counted in distilserve_cascade_kept_total, header X-Distilserve-Teacher-Busy; a pair "
+        "whose teacher answers directly has the student answer instead); refuse, the request fails as the "
+        "teacher alone would (429, 503, 504).",
+    )
+    cascade_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="The most a cascade's teacher may add to a request: its unsure inputs not answered "
+        "within it keep the student's answers, and their teacher work leaves the queue uncomputed. Unset: "
+        "the teacher has the request's deadline (DISTILSERVE_REQUEST_TIMEOUT_S).",
+    )
     cascade_margin: float | None = Field(
         None,
         ge=0.0,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 REQUEST_ID_HEADER = "X-Request-ID"
 TRUNCATED_HEADER = "X-Distilserve-Truncated"
 ANSWERED_BY_HEADER = "X-Distilserve-Answered-By"  # a cascade's student, its teacher, or both
+TEACHER_BUSY_HEADER = "X-Distilserve-Teacher-Busy"  # unsure inputs the student answered: teacher busy
 SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 POSTED_READS = frozenset({"/v2/repository/index"})
 
@@ -136,6 +137,8 @@ class ExchangeMiddleware:
                     headers[TRUNCATED_HEADER] = str(x.truncated)
                 if x.answered_by:
                     headers[ANSWERED_BY_HEADER] = ", ".join(x.answered_by)
+                if x.teacher_busy:
+                    headers[TEACHER_BUSY_HEADER] = str(x.teacher_busy)
             await send(message)
 
         if counted:

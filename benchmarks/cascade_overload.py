@@ -1,0 +1,199 @@
+"""The cascade under more load than its pair can carry: what clients get when the teacher cannot take the
+inputs its student is unsure of (service.cascade, `Pairs.from_teacher`).
+
+    python -m benchmarks.cascade_overload --repository build/real/sst2/models --student sst2 \\
+        --eval build/real/sst2/data/eval.jsonl --loads 0.5,1,1.5,2 --modes refuse,student,budget:50
+
+First, on one server: the teacher's answer to every eval input (what agreement is counted against) and
+the cascade's capacity, the requests/s it serves with `--capacity-connections` requests always in flight (an
+open loop offered far more than it can serve). Then, per load (a multiple of that capacity) and mode, a fresh
+server and an open loop (benchmarks.open_loop: Poisson arrivals, one eval input a request drawn at random,
+`--seconds` after a warm-up, up to `--connections` at once) with:
+- `refuse`: DISTILSERVE_CASCADE_OVERLOAD=refuse, as the service was before: the teacher's 429s (its queue
+  full) and 504s (the request's deadline) reach clients whose student had answered;
+- `student` (the default): the student's answers stand where the teacher's queue is full or the deadline
+  passed;
+- `budget:MS`: and where the teacher has not answered within MS (DISTILSERVE_CASCADE_BUDGET_MS).
+Per point: the share answered (200) and the rest by status; p50 and p99 of every request (an error at the
+time it came back); over the answered ones, agreement with the teacher alone, quality (accuracy; QA: F1), the
+share the teacher answered and the share kept (the student's answer below the threshold: the teacher was
+busy). The client shares the server's cores: say so beside a figure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from benchmarks.cascade import served_pass, served_threshold
+from benchmarks.cascade_eval import EvalSet, classification_set, qa_set
+from benchmarks.open_loop import Reply, open_loop
+from benchmarks.plots import saved_figure
+from benchmarks.servers import serve
+from common.cli import cli_app
+from common.progress import ProgressLog
+
+console = Console(stderr=True)
+app = cli_app(help=__doc__)
+FAR_MORE = 20.0  # the capacity run offers this many times what a closed loop of its connections could
+
+
+@dataclass(frozen=True)
+class Point:
+    """One mode at one offered load."""
+
+    mode: str
+    load: float  # offered ÷ capacity
+    offered_rps: float
+    requests: int
+    answered: float  # share with a 200
+    statuses: dict[str, int]  # the others, by status ("0": the connection failed)
+    p50_ms: float
+    p99_ms: float
+    agreement: float  # answered ones: the teacher's own answer
+    quality: float
+    by_teacher: float  # answered ones: the teacher gave the answer
+    kept: float  # answered ones: the student's answer, below the threshold (the teacher was busy)
+
+
+def mode_env(mode: str) -> dict[str, str]:
+    """A mode's server settings."""
+    if mode == "refuse":
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "refuse"}
+    if mode == "student":
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
+    if mode.startswith("budget:"):
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": mode[7:]}
+    raise typer.BadParameter(f"unknown mode {mode!r}: refuse, student or budget:MS", param_hint="--modes")
+
+
+def point(
+    mode: str,
+    load: float,
+    offered_rps: float,
+    replies: list[Reply],
+    stats: dict[str, float],
+    data: EvalSet,
+    teacher_answers: list[str],
+    student: str,
+    threshold: float,
+) -> Point:
+    """What the clients of one run got."""
+    answered = [r for r in replies if r.status == 200]
+    read = [data.read(json.loads(r.answer)) for r in answered]
+    answers = [answer for answer, _, _ in read]
+    agreed = [answer == teacher_answers[r.body] for answer, r in zip(answers, answered, strict=True)]
+    quality = data.quality(answers, [data.gold[r.body] for r in answered]) if answered else 0.0
+    teacher = sum(by != student for _, _, by in read)
+    kept = sum(by == student and score < threshold for _, score, by in read)
+    share = len(answered) or 1
+    return Point(
+        mode=mode,
+        load=load,
+        offered_rps=offered_rps,
+        requests=len(replies),
+        answered=len(answered) / max(1, len(replies)),
+        statuses=dict(Counter(str(r.status) for r in replies if r.status != 200)),
+        p50_ms=stats["p50_ms"],
+        p99_ms=stats["p99_ms"],
+        agreement=sum(agreed) / share,
+        quality=quality,
+        by_teacher=teacher / share,
+        kept=kept / share,
+    )
+
+
+def report(points: list[Point], capacity: float, data: EvalSet, student: str, seconds: float) -> str:
+    lines = [
+        f"# The cascade past its capacity: {student}, {len(data.items)} eval inputs",
+        "",
+        f"Capacity: {capacity:.0f} requests/s (one input each). Open loop, Poisson arrivals, {seconds:g} s a "
+        "point on a fresh server; the client shares the server's cores.",
+        "",
+        f"| mode | load | offered req/s | answered | errors | p50 ms | p99 ms | agrees with teacher | "
+        f"{data.quality_name} | by teacher | kept (teacher busy) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        errors = ", ".join(f"{n}x{status}" for status, n in sorted(p.statuses.items())) or "0"
+        lines.append(
+            f"| {p.mode} | {p.load:g}x | {p.offered_rps:.0f} | {100 * p.answered:.1f} % | {errors} | "
+            f"{p.p50_ms:.0f} | {p.p99_ms:.0f} | {100 * p.agreement:.2f} % | {p.quality:.4f} | "
+            f"{100 * p.by_teacher:.1f} % | {100 * p.kept:.1f} % |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[Point], out: Path, student: str) -> None:
+    with saved_figure(out, (11, 3.8), columns=3) as (latency, answered, agreement):
+        for mode in dict.fromkeys(p.mode for p in points):
+            mine = [p for p in points if p.mode == mode]
+            loads = [p.load for p in mine]
+            latency.plot(loads, [p.p99_ms for p in mine], marker="o", label=mode)
+            answered.plot(loads, [100 * p.answered for p in mine], marker="o", label=mode)
+            agreement.plot(loads, [100 * p.agreement for p in mine], marker="o", label=mode)
+        latency.set_yscale("log")
+        for axis, title, ylabel in (
+            (latency, f"{student}: p99 latency", "p99 ms (log)"),
+            (answered, "requests answered (200)", "%"),
+            (agreement, "answers agreeing with the teacher", "%"),
+        ):
+            axis.set_title(title)
+            axis.set_xlabel("offered load ÷ the cascade's capacity")
+            axis.set_ylabel(ylabel)
+            axis.legend(fontsize=8)
+
+
+@app.command()
+def main(
+    repository: Annotated[Path, typer.Option(help="A repository serving the pair.")],
+    student: Annotated[str, typer.Option(help="The student's name.")],
+    eval_data: Annotated[Path, typer.Option("--eval", help="Its eval split (JSONL, or SQuAD for QA).")],
+    loads: Annotated[str, typer.Option(help="Offered loads, as multiples of the capacity.")] = "0.5,1,1.5,2",
+    modes: Annotated[str, typer.Option(help="refuse, student, budget:MS.")] = "refuse,student,budget:50",
+    seconds: Annotated[float, typer.Option(min=1)] = 15,
+    connections: Annotated[int, typer.Option(min=1, help="Most requests in flight at once.")] = 512,
+    capacity_connections: Annotated[int, typer.Option(min=1)] = 64,
+    env: Annotated[str, typer.Option(help="More server settings, K=V,K=V (every point).")] = "",
+    out: Annotated[Path, typer.Option()] = Path("docs/bench"),
+) -> None:
+    data = qa_set(eval_data) if eval_data.suffix == ".json" else classification_set(eval_data)
+    common = dict(kv.split("=", 1) for kv in env.split(",") if kv.strip())
+    bodies = [data.one(item, student, None) for item in data.items]
+    with serve(repository, common) as base:
+        threshold = served_threshold(base, student)
+        teacher = f"{student}-teacher"
+        with ProgressLog.beside(console, "teacher's answers", len(data.items), unit="inputs") as progress:
+            teacher_answers = served_pass(base, data, teacher, None, progress).answers
+        open_loop(base, data.path, bodies, 200, 3, capacity_connections)  # warm-up
+        saturated = open_loop(base, data.path, bodies, 10_000, seconds, capacity_connections)
+    capacity = saturated["served_rps"]
+    console.print(f"capacity {capacity:.0f} requests/s at {capacity_connections} connections")
+    points: list[Point] = []
+    for load in [float(x) for x in loads.split(",")]:
+        for mode in [m.strip() for m in modes.split(",") if m.strip()]:
+            rate = load * capacity
+            with serve(repository, {**common, **mode_env(mode)}) as base:
+                open_loop(base, data.path, bodies, min(rate, capacity / 2), 3, connections)  # warm-up
+                replies: list[Reply] = []
+                stats = open_loop(base, data.path, bodies, rate, seconds, connections, replies)
+            points.append(point(mode, load, rate, replies, stats, data, teacher_answers, student, threshold))
+            console.print(report(points[-1:], capacity, data, student, seconds).splitlines()[-1])
+    text = report(points, capacity, data, student, seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"cascade-overload-{student}"
+    stem.with_suffix(".md").write_text(text, encoding="utf-8")
+    payload = {"capacity_rps": capacity, "threshold": threshold, "points": [asdict(p) for p in points]}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    plot(points, stem.with_suffix(".png"), student)
+    print(text)
+
+
+if __name__ == "__main__":
+    app()

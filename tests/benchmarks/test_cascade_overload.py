@@ -1,0 +1,51 @@
+"""benchmarks.cascade_overload's figures, from the replies an open loop got: what clients were answered,
+by whom, and how often the teacher's answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+
+from benchmarks.cascade_eval import classification_set
+from benchmarks.cascade_overload import mode_env, point, report
+from benchmarks.open_loop import Reply
+
+
+def answer(label: str, score: float, model: str) -> bytes:
+    return json.dumps([{"label": label, "score": score, "model": model}]).encode()
+
+
+def test_a_point_counts_answers_errors_agreement_and_what_the_busy_teacher_left(
+    tmp_path: Path,
+) -> None:
+    rows = [{"text": f"text {i}", "label": i % 2} for i in range(4)]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    data = classification_set(path)
+    labels = data.gold  # the eval file's label names, in order
+    teacher = [labels[0], labels[1], labels[0], labels[1]]  # the teacher's own answers to the four inputs
+    replies = [
+        Reply(0, 200, answer(labels[0], 0.95, "s"), 0.01),  # sure: the student's, agrees, right
+        Reply(1, 200, answer(labels[1], 0.70, "s-teacher"), 0.05),  # sent: the teacher's
+        Reply(2, 200, answer(labels[1], 0.60, "s"), 0.02),  # unsure, kept: disagrees, wrong
+        Reply(3, 429, b'{"error": "overloaded"}', 0.001),
+        Reply(3, 0, b"", 0.5),
+    ]
+    stats = {"p50_ms": 20.0, "p99_ms": 500.0}
+    p = point("student", 1.5, 300.0, replies, stats, data, teacher, "s", threshold=0.8)
+    assert p.requests == 5 and p.answered == pytest.approx(3 / 5)
+    assert p.statuses == {"429": 1, "0": 1}
+    assert p.agreement == pytest.approx(2 / 3) and p.quality == pytest.approx(2 / 3)
+    assert p.by_teacher == pytest.approx(1 / 3) and p.kept == pytest.approx(1 / 3)
+    line = report([p], 200.0, data, "s", 15).splitlines()[-1]
+    assert line.startswith("| student | 1.5x | 300 | 60.0 % | 1x0, 1x429 | 20 | 500 | 66.67 % |")
+
+
+def test_modes_are_server_settings_and_an_unknown_one_is_refused() -> None:
+    assert mode_env("refuse") == {"DISTILSERVE_CASCADE_OVERLOAD": "refuse"}
+    assert mode_env("budget:40")["DISTILSERVE_CASCADE_BUDGET_MS"] == "40"
+    with pytest.raises(typer.BadParameter, match="budget:MS"):
+        mode_env("sometimes")
