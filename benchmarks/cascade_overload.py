@@ -5,9 +5,9 @@ inputs its student is unsure of (service.cascade, `Pairs.from_teacher`).
         --eval build/real/sst2/data/eval.jsonl --loads 0.5,1,1.5,2 --modes refuse,student,budget:50
 
 First, on one server: the teacher's answer to every eval input (what agreement is counted against) and
-the cascade's capacity, the requests/s it serves with `--capacity-connections` requests always in flight (an
-open loop offered far more than it can serve). Then, per load (a multiple of that capacity) and mode, a fresh
-server and an open loop (benchmarks.open_loop: Poisson arrivals, one eval input a request drawn at random,
+the cascade's capacity, the requests/s it serves with `--capacity-connections` requests always in flight
+(wrk, a closed loop). Then, per load (a multiple of that capacity) and mode, a fresh server and an
+open loop (benchmarks.open_loop: Poisson arrivals, one eval input a request drawn at random,
 `--seconds` after a warm-up, up to `--connections` at once) with:
 - `refuse`: DISTILSERVE_CASCADE_OVERLOAD=refuse, as the service was before: the teacher's 429s (its queue
   full) and 504s (the request's deadline) reach clients whose student had answered;
@@ -36,12 +36,12 @@ from benchmarks.cascade_eval import EvalSet, classification_set, qa_set
 from benchmarks.open_loop import Reply, open_loop
 from benchmarks.plots import saved_figure
 from benchmarks.servers import serve
+from benchmarks.wrk_load import load as wrk_load
 from common.cli import cli_app
 from common.progress import ProgressLog
 
 console = Console(stderr=True)
 app = cli_app(help=__doc__)
-FAR_MORE = 20.0  # the capacity run offers this many times what a closed loop of its connections could
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,8 @@ def main(
         teacher = f"{student}-teacher"
         with ProgressLog.beside(console, "teacher's answers", len(data.items), unit="inputs") as progress:
             teacher_answers = served_pass(base, data, teacher, None, progress).answers
-        open_loop(base, data.path, bodies, 200, 3, capacity_connections)  # warm-up
-        saturated = open_loop(base, data.path, bodies, 10_000, seconds, capacity_connections)
-    capacity = saturated["served_rps"]
+        wrk_load("warm-up", base, data.path, bodies, capacity_connections, 3)
+        capacity = wrk_load("capacity", base, data.path, bodies, capacity_connections, int(seconds)).rps
     console.print(f"capacity {capacity:.0f} requests/s at {capacity_connections} connections")
     points: list[Point] = []
     for load in [float(x) for x in loads.split(",")]:
@@ -184,7 +183,7 @@ def main(
                 replies: list[Reply] = []
                 stats = open_loop(base, data.path, bodies, rate, seconds, connections, replies)
             points.append(point(mode, load, rate, replies, stats, data, teacher_answers, student, threshold))
-            console.print(report(points[-1:], capacity, data, student, seconds).splitlines()[-1])
+            print(report(points[-1:], capacity, data, student, seconds).splitlines()[-1], flush=True)
     text = report(points, capacity, data, student, seconds)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"cascade-overload-{student}"

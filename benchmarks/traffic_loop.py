@@ -184,6 +184,14 @@ def _labels(
     return labels, by
 
 
+def name_version(value: str) -> tuple[str, int]:
+    """`--student`'s name:version, or a message that says what it takes."""
+    name, _, version = value.partition(":")
+    if not name or not version.isdigit():
+        raise typer.BadParameter(f"{value!r}: give name:version, e.g. sst2:2", param_hint="--student")
+    return name, int(version)
+
+
 def _mean(flags: list[bool]) -> float:
     return sum(flags) / len(flags) if flags else float("nan")
 
@@ -225,7 +233,7 @@ def measure(
     data = load_classification(eval_file)
     eval_texts = [e.text for e in data.examples]
     gold = [data.label_names[e.label] for e in data.examples]
-    versions = [(s.split(":")[0], int(s.split(":")[1])) for s in student]
+    versions = [name_version(s) for s in student]
     name = versions[0][0]
     figures: list[VersionFigures] = []
     env = {

@@ -65,3 +65,14 @@ def test_split_capture_and_measure(pair_repository: Path, tmp_path: Path) -> Non
     assert v1["eval_sent"] == 1.0 and v1["eval_cascade_accuracy"] == result["teacher_eval_accuracy"]
     assert (out / "traffic-loop-cls.png").stat().st_size > 0
     assert "| 1 |" in (out / "traffic-loop-cls.md").read_text()
+
+
+def test_measure_refuses_a_student_without_its_version(tmp_path: Path) -> None:
+    texts, labelled = tmp_path / "traffic.txt", tmp_path / "eval.jsonl"
+    texts.write_text("a text\n", encoding="utf-8")
+    labelled.write_text(json.dumps({"text": "a text", "label": 0}) + "\n", encoding="utf-8")
+    args = ["measure", "--repository", str(tmp_path), "--traffic", str(texts), "--eval", str(labelled)]
+    for bad in ("sst2", "sst2:two", ":2"):
+        result = CliRunner().invoke(app, [*args, "--student", bad])
+        assert result.exit_code == 2, result.output
+        assert "give name:version" in result.output and "Traceback" not in result.output
