@@ -29,9 +29,11 @@ TEACHER = "cls-teacher"
 
 
 class HeldTeacher:
-    """An engine factory whose `cls-teacher` engine calls wait until `release()`, counting each one."""
+    """An engine factory whose `teacher` engine calls wait until `release()` once `hold()` was called (after
+    warm-up), counting each one."""
 
-    def __init__(self) -> None:
+    def __init__(self, teacher: str = TEACHER) -> None:
+        self.teacher = teacher
         self.calls = 0
         self.started = threading.Event()
         self._released = threading.Event()
@@ -41,7 +43,7 @@ class HeldTeacher:
 
     def __call__(self, version: ModelVersion, variant: str, settings: Settings) -> Engine:
         inner = ort_engine_factory(version, variant, settings)
-        if version.name != TEACHER:
+        if version.name != self.teacher:
             return inner
         held = self
 
@@ -212,3 +214,25 @@ def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(
         assert all(done.status_code == 200 for done in await asyncio.gather(*waiting))
 
     run_with_client(settings_for(repository), body, held)
+
+
+def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(ranking_pair: dict[str, Path]) -> None:
+    held = HeldTeacher("ranker-teacher")
+    documents = ["Acme was founded by John Smith.", "Springfield is a city.", "It rained all day."]
+    body = {"model": "ranker", "query": "Who founded Acme?", "documents": documents}
+
+    async def body_of(client: httpx.AsyncClient) -> None:
+        alone = (await client.post("/v1/rerank", json=body | {"cascade_margin": 0.0})).json()["results"]
+        held.hold()
+        r = await client.post("/v1/rerank", json=body | {"cascade_margin": 100.0})  # every one to the teacher
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == alone and {d["model"] for d in r.json()["results"]} == {"ranker"}
+        assert r.headers["x-distilserve-answered-by"] == "ranker"
+        assert r.headers["x-distilserve-teacher-busy"] == str(len(documents))
+        text = (await client.get("/metrics")).text
+        late = metric_value(text, "distilserve_cascade_kept_total", model="ranker", reason="late")
+        assert late == len(documents)
+        held.release()
+
+    settings = Settings(model_repository=ranking_pair["repository"], max_wait_ms=0, cascade_budget_ms=200)
+    run_with_client(settings, body_of, held)
