@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from service.batch_policy import DeadlineExceededError, QueueFullError, QueueTooSmallError
+from service.batch_policy import DeadlineExceededError, QueueFullError
 from service.capture import TrafficCapture
 from service.exchange import Exchange, TextLimits
 from service.ipc import EngineUnavailableError
@@ -298,23 +299,20 @@ class Pairs:
         """`call`'s answers from the pair's teacher, or None where it could not take `inputs` and the
         student's answers stand (DISTILSERVE_CASCADE_OVERLOAD=student): its queue full, its engine away,
         or with `late` (the student has answered already) not done within DISTILSERVE_CASCADE_BUDGET_MS
-        or the request's deadline; its work still queued then leaves the queue uncomputed. Counted per
-        reason, and in the exchange (X-Distilserve-Teacher-Busy)."""
+        or the request's deadline: the budget is when its rows must have started (the engine drops the
+        ones still queued then; a call whose rows have all begun is waited for, so little is computed for
+        nobody). Counted per reason, and in the exchange (X-Distilserve-Teacher-Busy)."""
         budget_ms = self.settings.cascade_budget_ms if late else None
+        if budget_ms is not None:
+            x.start_by_s = time.monotonic() + budget_ms / 1000.0
         try:
-            if budget_ms is None:
-                return await call()
-            try:
-                return await asyncio.wait_for(call(), budget_ms / 1000.0)
-            except TimeoutError:
-                raise DeadlineExceededError(
-                    f"the teacher {pair.teacher.name} did not answer within the cascade's budget of "
-                    f"{budget_ms:g} ms (DISTILSERVE_CASCADE_BUDGET_MS)"
-                ) from None
-        except (QueueFullError, QueueTooSmallError, EngineUnavailableError, DeadlineExceededError) as e:
+            return await call()
+        except (QueueFullError, EngineUnavailableError, DeadlineExceededError) as e:
             reason = busy_reason(e)
             if self.settings.cascade_overload == "refuse" or (reason == "late" and not late):
                 raise
+        finally:
+            x.start_by_s = None
         pair.kept[reason].inc(inputs)
         x.teacher_busy += inputs
         return None
@@ -423,7 +421,7 @@ class Pairs:
 
 def busy_reason(e: Exception) -> str:
     """Why a teacher could not answer, as distilserve_cascade_kept_total says it."""
-    if isinstance(e, QueueFullError | QueueTooSmallError):
+    if isinstance(e, QueueFullError):
         return "overloaded"
     return "unavailable" if isinstance(e, EngineUnavailableError) else "late"
 

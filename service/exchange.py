@@ -65,6 +65,7 @@ class Exchange:
     truncated: int | None = None  # None: nothing was checked against a window (no header)
     answered_by: tuple[str, ...] = ()  # the models whose answers the response holds (service.cascade)
     teacher_busy: int = 0  # unsure inputs whose student answer stood: the teacher could not take them
+    start_by_s: float | None = None  # time.monotonic() by which engine work must start, else a 504 (a budget)
     shadow: bool = False  # a teacher's check of its student's answers, off any client's path
     phases: list[Phase] | None = None  # a sampled request's stretches (None: not traced, nothing recorded)
     engine_done_s: float | None = None  # when its last engine work came back (post-processing starts)

@@ -143,9 +143,9 @@ class Settings(BaseSettings):
     cascade_budget_ms: float | None = Field(
         None,
         gt=0,
-        description="The most a cascade's teacher may add to a request: its unsure inputs not answered "
-        "within it keep the student's answers, and their teacher work leaves the queue uncomputed. Unset: "
-        "the teacher has the request's deadline (DISTILSERVE_REQUEST_TIMEOUT_S).",
+        description="How long a cascade's unsure inputs may wait for the teacher: those it has not started "
+        "within it leave its queue uncomputed and keep the student's answers (one it has started is waited "
+        "for). Unset: the request's deadline (DISTILSERVE_REQUEST_TIMEOUT_S).",
     )
     cascade_margin: float | None = Field(
         None,

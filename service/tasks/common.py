@@ -187,6 +187,8 @@ async def run_all(
     assert model.encoding is not None  # encoder tasks only: generation runs on its own engine
     timings: list[ItemTiming] = []
     sent = time.perf_counter()
+    if x.start_by_s is not None:  # a budget (a cascade's teacher): rows not started by then are dropped
+        timeout_s = max(0.0, min(timeout_s, x.start_by_s - time.monotonic()))
     try:
         return await model.encoding.run(items, timeout_s, timings, x.shadow, traced=x.phases is not None)
     except QueueTooSmallError as e:
