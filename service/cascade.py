@@ -252,6 +252,7 @@ class Pairs:
                     self.capture.keep(model, pair.teacher, "teacher", inputs, directly, None)
                 return directly
             pair = None  # the teacher could not take them: the student answers, as if unpaired
+        began = time.monotonic()
         with self.serving():
             results = await answer_all(model, inputs, x)
         if pair is None:
@@ -268,7 +269,7 @@ class Pairs:
         if unsure:
             asked, teacher = [inputs[i] for i in unsure], pair.teacher
             answers = await self.from_teacher(
-                pair, len(unsure), lambda: answer_all(teacher, asked, x), x, late=True
+                pair, len(unsure), lambda: answer_all(teacher, asked, x), x, began
             )
             if answers is None:
                 kept, unsure = unsure, []
@@ -294,18 +295,31 @@ class Pairs:
         return results
 
     async def from_teacher(
-        self, pair: Pair, inputs: int, call: Callable[[], Awaitable[T]], x: Exchange, late: bool = False
+        self,
+        pair: Pair,
+        inputs: int,
+        call: Callable[[], Awaitable[T]],
+        x: Exchange,
+        student_began: float | None = None,
     ) -> T | None:
         """`call`'s answers from the pair's teacher, or None where it could not take `inputs` and the
         student's answers stand (DISTILSERVE_CASCADE_OVERLOAD=student): its queue full, its engine away,
-        or with `late` (the student has answered already) not done within DISTILSERVE_CASCADE_BUDGET_MS
-        or the request's deadline: the budget is when its rows must have started (the engine drops the
-        ones still queued then; a call whose rows have all begun is waited for, so little is computed for
-        nobody). Counted per reason, and in the exchange (X-Distilserve-Teacher-Busy)."""
-        budget_ms = self.settings.cascade_budget_ms if late else None
-        if budget_ms is not None:
-            x.start_by_s = time.monotonic() + budget_ms / 1000.0
+        or, given when the student began (`student_began`, time.monotonic(): the student has answered
+        already), past the request's deadline or DISTILSERVE_CASCADE_BUDGET_MS from then. The budget is when
+        the teacher's rows must have started: a request that spent it in the student's own queue skips the
+        teacher (under load the teacher's cores then go to the student), rows still queued then are dropped
+        before compute, and a call whose rows have all begun is waited for. Counted per reason, and in the
+        exchange (X-Distilserve-Teacher-Busy)."""
+        budget_ms = self.settings.cascade_budget_ms
+        late = student_began is not None
+        if student_began is not None and budget_ms is not None:
+            x.start_by_s = student_began + budget_ms / 1000.0
         try:
+            if x.start_by_s is not None and time.monotonic() >= x.start_by_s:
+                raise DeadlineExceededError(
+                    f"the cascade's budget ({budget_ms:g} ms, DISTILSERVE_CASCADE_BUDGET_MS) was spent "
+                    f"before the teacher {pair.teacher.name} could start"
+                )
             return await call()
         except (QueueFullError, EngineUnavailableError, DeadlineExceededError) as e:
             reason = busy_reason(e)

@@ -21,6 +21,7 @@ with). Not the student's own best: how often that is the teacher's falls with ev
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -66,6 +67,7 @@ async def rank(
             pair.fallbacks.inc(documents)
             return _alone(teacher, theirs, x)
         return _alone(model, await score(model, every, x), x)  # the teacher could not take them
+    began = time.monotonic()
     with pairs.serving():
         mine = await score(model, every, x)
     margin = pairs.margin(pair, requested)
@@ -77,7 +79,7 @@ async def rank(
         near = []
     scores, scored_by = list(mine), [model.name] * documents
     if near:
-        theirs = await pairs.from_teacher(pair, len(near), lambda: score(teacher, near, x), x, late=True)
+        theirs = await pairs.from_teacher(pair, len(near), lambda: score(teacher, near, x), x, began)
         if theirs is None:  # the teacher could not take them: the student's ranking stands
             near = []
         else:

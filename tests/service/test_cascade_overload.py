@@ -177,6 +177,28 @@ def test_past_the_budget_the_student_answers_and_the_teacher_computes_nothing_fo
     run_with_client(settings_for(pair_repository, cascade_budget_ms=300, max_queue=8), body, held)
 
 
+def test_a_budget_spent_waiting_for_the_student_skips_the_teacher(pair_repository: Path) -> None:
+    held = HeldTeacher("cls")  # the student this time: its queue is where a loaded cascade waits
+
+    async def body(client: httpx.AsyncClient) -> None:
+        def teacher_rows(text: str) -> float:
+            return metric_value(text, "distilserve_batch_size_sum", model=TEACHER)
+
+        before = teacher_rows((await client.get("/metrics")).text)
+        held.hold()
+        waiting = asyncio.create_task(classify(client))
+        await until(lambda: _true(held.calls == 1))
+        await asyncio.sleep(0.4)  # past the budget, still with the student
+        held.release()
+        r = await waiting
+        assert r.status_code == 200 and r.json()[0][0]["model"] == "cls"
+        assert r.headers["x-distilserve-teacher-busy"] == "1"
+        text = (await client.get("/metrics")).text
+        assert kept(text, "late") == 1 and teacher_rows(text) == before  # the teacher computed nothing
+
+    run_with_client(settings_for(pair_repository, cascade_budget_ms=300), body, held)
+
+
 def test_a_request_deadline_spent_on_the_teacher_keeps_the_students_answer(pair_repository: Path) -> None:
     held = HeldTeacher()
 
