@@ -84,11 +84,18 @@ async def _open_loop(
         connection = await pool.get()
         status, answer = 0, b""
         try:
-            status, answer = await http_exchange(*connection, raws[index])
+            for attempt in range(2):  # a keep-alive connection closed while idle (uvicorn: after 5 s) is
+                try:  # opened again and the request sent once more, as HTTP clients do
+                    status, answer = await http_exchange(*connection, raws[index])
+                    break
+                except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                    connection[1].close()
+                    connection = await asyncio.open_connection(host, port)
+                    if attempt:
+                        raise
             errors += status != 200
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             errors += 1
-            connection = await asyncio.open_connection(host, port)
         finally:
             pool.put_nowait(connection)
         latencies.append(time.perf_counter() - due)
@@ -105,6 +112,8 @@ async def _open_loop(
         tasks.append(asyncio.create_task(one(rng.randrange(len(raws)), due)))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - started
+    while not pool.empty():  # closed here: left to the garbage collector, they stay open on the server
+        pool.get_nowait()[1].close()
     ordered = sorted(latencies)
     return {
         "offered_rps": len(tasks) / seconds,
