@@ -244,7 +244,9 @@ class Pairs:
         if pair is not None and not pair.ranking and self.teacher_directly(pair, requested):
             pair.inputs.inc(len(inputs))
             teacher = pair.teacher
-            directly = await self.from_teacher(pair, len(inputs), lambda: answer_all(teacher, inputs, x), x)
+            directly = await self.from_teacher(
+                pair, len(inputs), lambda: answer_all(teacher, inputs, x), x, self.budget_from_now()
+            )
             if directly is not None:
                 pair.fallbacks.inc(len(inputs))
                 x.answered_by = (pair.teacher.name,)
@@ -294,26 +296,31 @@ class Pairs:
             self._shadow(model, pair, [inputs[i] for i in mine_at], mine, answer_all, x.limits, live)
         return results
 
+    def budget_from_now(self) -> float | None:
+        """Where a teacher answers directly: its budget counts from now, and past it the student answers
+        (None without a budget: the request's deadline passes as the 504 it is)."""
+        return time.monotonic() if self.settings.cascade_budget_ms is not None else None
+
     async def from_teacher(
         self,
         pair: Pair,
         inputs: int,
         call: Callable[[], Awaitable[T]],
         x: Exchange,
-        student_began: float | None = None,
+        began: float | None = None,
     ) -> T | None:
         """`call`'s answers from the pair's teacher, or None where it could not take `inputs` and the
-        student's answers stand (DISTILSERVE_CASCADE_OVERLOAD=student): its queue full, its engine away,
-        or, given when the student began (`student_began`, time.monotonic(): the student has answered
-        already), past the request's deadline or DISTILSERVE_CASCADE_BUDGET_MS from then. The budget is when
-        the teacher's rows must have started: a request that spent it in the student's own queue skips the
-        teacher (under load the teacher's cores then go to the student), rows still queued then are dropped
-        before compute, and a call whose rows have all begun is waited for. Counted per reason, and in the
-        exchange (X-Distilserve-Teacher-Busy)."""
+        student's answers stand, or the student answers instead (DISTILSERVE_CASCADE_OVERLOAD=student): its
+        queue full, its engine away, or, given when the request's engine work began (`began`,
+        time.monotonic()), past the request's deadline or DISTILSERVE_CASCADE_BUDGET_MS from then. The
+        budget is when the teacher's rows must have started: a request that spent it queued for its student
+        skips the teacher (under load the teacher's cores then go to the student), rows still queued then
+        are dropped before compute, and a call whose rows have all begun is waited for. Counted per reason,
+        and in the exchange (X-Distilserve-Teacher-Busy)."""
         budget_ms = self.settings.cascade_budget_ms
-        late = student_began is not None
-        if student_began is not None and budget_ms is not None:
-            x.start_by_s = student_began + budget_ms / 1000.0
+        late = began is not None
+        if began is not None and budget_ms is not None:
+            x.start_by_s = began + budget_ms / 1000.0
         try:
             if x.start_by_s is not None and time.monotonic() >= x.start_by_s:
                 raise DeadlineExceededError(

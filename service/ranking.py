@@ -62,7 +62,9 @@ async def rank(
     teacher = pair.teacher
     if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
         pair.inputs.inc(documents)
-        theirs = await pairs.from_teacher(pair, documents, lambda: score(teacher, every, x), x)
+        theirs = await pairs.from_teacher(
+            pair, documents, lambda: score(teacher, every, x), x, pairs.budget_from_now()
+        )
         if theirs is not None:
             pair.fallbacks.inc(documents)
             return _alone(teacher, theirs, x)

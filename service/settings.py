@@ -143,11 +143,11 @@ class Settings(BaseSettings):
     cascade_budget_ms: float | None = Field(
         None,
         gt=0,
-        description="How long a cascaded request may take, from when its student begins, before the "
-        "teacher starts on its unsure inputs: past it they keep the student's answers (a request that spent it "
-        "queued for the student skips the teacher; rows still queued for the teacher leave uncomputed; a "
-        "teacher call whose rows have all started is waited for). Unset: the request's deadline "
-        "(DISTILSERVE_REQUEST_TIMEOUT_S).",
+        description="How long a paired request may take, from when its engine work begins, before the "
+        "teacher starts on its inputs: past it the student's answers stand (a request that spent it queued "
+        "for the student skips the teacher; rows still queued for the teacher leave uncomputed; a teacher "
+        "call whose rows have all started is waited for; a pair whose teacher answers directly has the "
+        "student answer instead). Unset: the request's deadline (DISTILSERVE_REQUEST_TIMEOUT_S).",
     )
     cascade_margin: float | None = Field(
         None,

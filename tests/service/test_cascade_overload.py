@@ -258,3 +258,25 @@ def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(ranking_pair
 
     settings = Settings(model_repository=ranking_pair["repository"], max_wait_ms=0, cascade_budget_ms=200)
     run_with_client(settings, body_of, held)
+
+
+def test_a_teacher_that_answers_directly_past_the_budget_hands_over_to_the_student(
+    pair_repository: Path, tmp_path: Path
+) -> None:
+    repository = with_calibration(pair_repository, tmp_path, student_cost=0.5)  # the teacher answers all
+    held = HeldTeacher()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        student = (await classify(client, threshold=0.0)).json()[0]
+        held.hold()
+        computing = asyncio.create_task(classify(client, threshold=None))  # started in time: waited for
+        await until(lambda: _true(held.calls == 1))
+        r = await classify(client, threshold=None)  # queued for the teacher past the budget: the student
+        assert r.status_code == 200 and r.json()[0] == student
+        assert r.headers["x-distilserve-answered-by"] == "cls"
+        assert kept((await client.get("/metrics")).text, "late") == 1
+        held.release()
+        assert (await computing).json()[0][0]["model"] == TEACHER
+        assert held.calls == 1
+
+    run_with_client(settings_for(repository, cascade_budget_ms=300, max_queue=8), body, held)
