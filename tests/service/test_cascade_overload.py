@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 
 from service.engine import Engine
 from service.repository import ModelVersion
@@ -215,10 +216,13 @@ def test_a_request_deadline_spent_on_the_teacher_keeps_the_students_answer(pair_
     run_with_client(settings_for(pair_repository, request_timeout_s=0.5), body, held)
 
 
-def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(
-    pair_repository: Path, tmp_path: Path
-) -> None:
-    repository = with_calibration(pair_repository, tmp_path, student_cost=0.5)  # the teacher answers all
+@pytest.fixture
+def teacher_directly(pair_repository: Path, tmp_path: Path) -> Path:
+    """The pairs, the classifier's calibrated as costing more than its teacher: the teacher answers all."""
+    return with_calibration(pair_repository, tmp_path, student_cost=0.5)
+
+
+def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(teacher_directly: Path) -> None:
     held = HeldTeacher()
 
     async def body(client: httpx.AsyncClient) -> None:
@@ -235,7 +239,7 @@ def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(
         held.release()
         assert all(done.status_code == 200 for done in await asyncio.gather(*waiting))
 
-    run_with_client(settings_for(repository), body, held)
+    run_with_client(settings_for(teacher_directly), body, held)
 
 
 def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(ranking_pair: dict[str, Path]) -> None:
@@ -261,9 +265,8 @@ def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(ranking_pair
 
 
 def test_a_teacher_that_answers_directly_past_the_budget_hands_over_to_the_student(
-    pair_repository: Path, tmp_path: Path
+    teacher_directly: Path,
 ) -> None:
-    repository = with_calibration(pair_repository, tmp_path, student_cost=0.5)  # the teacher answers all
     held = HeldTeacher()
 
     async def body(client: httpx.AsyncClient) -> None:
@@ -279,4 +282,4 @@ def test_a_teacher_that_answers_directly_past_the_budget_hands_over_to_the_stude
         assert (await computing).json()[0][0]["model"] == TEACHER
         assert held.calls == 1
 
-    run_with_client(settings_for(repository, cascade_budget_ms=300, max_queue=8), body, held)
+    run_with_client(settings_for(teacher_directly, cascade_budget_ms=300, max_queue=8), body, held)
