@@ -429,6 +429,8 @@ class Pairs:
                 "reason": None if threshold is not None else self._why_off(pair),
                 "calibration": calibration.model_dump() if calibration is not None else None,
                 "live": _live_card(pair),
+                "when_teacher_busy": self.settings.cascade_overload,
+                "budget_ms": self.settings.cascade_budget_ms,
             },
         }
 

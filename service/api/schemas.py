@@ -42,7 +42,8 @@ class ModelCard(BaseModel):
         "threshold the cascade costs more than the teacher alone), whether the student scored above its "
         "teacher on its distillation eval (`student_ahead`: the teacher's answers then cost quality), the "
         "export's `calibration` (a cross-encoder's `confidence` \"score-margin\": `threshold` is the ranking "
-        "cascade's margin in logits), and `reason` when off.",
+        "cascade's margin in logits), what unsure inputs get when the teacher cannot take them "
+        "(`when_teacher_busy`: student or refuse) and within which `budget_ms`, and `reason` when off.",
     )
     chat: bool | None = Field(
         None,

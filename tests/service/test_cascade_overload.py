@@ -157,6 +157,8 @@ def test_past_the_budget_the_student_answers_and_the_teacher_computes_nothing_fo
     held = HeldTeacher()
 
     async def body(client: httpx.AsyncClient) -> None:
+        card = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "cls")
+        assert card["cascade"]["budget_ms"] == 300  # what /v1/models says the pair does when loaded
         student = (await classify(client, threshold=0.0)).json()[0]
         held.hold()
         computing = asyncio.create_task(classify(client))  # its teacher row starts in time: waited for
@@ -228,6 +230,7 @@ def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(tea
     async def body(client: httpx.AsyncClient) -> None:
         card = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "cls")
         assert card["cascade"]["teacher_directly"] is True
+        assert card["cascade"]["when_teacher_busy"] == "student" and card["cascade"]["budget_ms"] is None
         student = (await classify(client, threshold=0.0)).json()[0]
         held.hold()
         waiting = await teacher_full(client, held)
