@@ -236,16 +236,23 @@ class Pairs:
         answer_all: AnswerAll[I, R],
         requested: float | None,
         x: Exchange,
+        budget_ms: float | None = None,
     ) -> list[R]:
         """`answer_all` on the student, then on the teacher for the student's unsure inputs only; a share
         of the student's own answers is checked by the teacher afterwards (shadow). Where the calibrated
-        cascade costs more than the teacher alone, the teacher answers everything without the student."""
+        cascade costs more than the teacher alone, the teacher answers everything without the student.
+        `budget_ms`: the request's own cascade budget (default: DISTILSERVE_CASCADE_BUDGET_MS)."""
         pair = self.pair_of(model)
         if pair is not None and not pair.ranking and self.teacher_directly(pair, requested):
             pair.inputs.inc(len(inputs))
             teacher = pair.teacher
             directly = await self.from_teacher(
-                pair, len(inputs), lambda: answer_all(teacher, inputs, x), x, self.budget_from_now()
+                pair,
+                len(inputs),
+                lambda: answer_all(teacher, inputs, x),
+                x,
+                self.budget_from_now(budget_ms),
+                budget_ms,
             )
             if directly is not None:
                 pair.fallbacks.inc(len(inputs))
@@ -271,7 +278,7 @@ class Pairs:
         if unsure:
             asked, teacher = [inputs[i] for i in unsure], pair.teacher
             answers = await self.from_teacher(
-                pair, len(unsure), lambda: answer_all(teacher, asked, x), x, began
+                pair, len(unsure), lambda: answer_all(teacher, asked, x), x, began, budget_ms
             )
             if answers is None:
                 kept, unsure = unsure, []
@@ -296,10 +303,12 @@ class Pairs:
             self._shadow(model, pair, [inputs[i] for i in mine_at], mine, answer_all, x.limits, live)
         return results
 
-    def budget_from_now(self) -> float | None:
-        """Where a teacher answers directly: its budget counts from now, and past it the student answers
-        (None without a budget: the request's deadline passes as the 504 it is)."""
-        return time.monotonic() if self.settings.cascade_budget_ms is not None else None
+    def budget_from_now(self, budget_ms: float | None = None) -> float | None:
+        """Where a teacher answers directly: its budget (the request's `budget_ms`, else the setting)
+        counts from now, and past it the student answers (None without a budget: the request's deadline
+        passes as the 504 it is)."""
+        chosen = budget_ms if budget_ms is not None else self.settings.cascade_budget_ms
+        return time.monotonic() if chosen is not None else None
 
     async def from_teacher(
         self,
@@ -308,6 +317,7 @@ class Pairs:
         call: Callable[[], Awaitable[T]],
         x: Exchange,
         began: float | None = None,
+        budget_ms: float | None = None,
     ) -> T | None:
         """`call`'s answers from the pair's teacher, or None where it could not take `inputs` and the
         student's answers stand, or the student answers instead (DISTILSERVE_CASCADE_OVERLOAD=student): its
@@ -316,8 +326,10 @@ class Pairs:
         budget is when the teacher's rows must have started: a request that spent it queued for its student
         skips the teacher (under load the teacher's cores then go to the student), rows still queued then
         are dropped before compute, and a call whose rows have all begun is waited for. Counted per reason,
-        and in the exchange (X-Distilserve-Teacher-Busy)."""
-        budget_ms = self.settings.cascade_budget_ms
+        and in the exchange (X-Distilserve-Teacher-Busy). `budget_ms`: the request's own, else the
+        setting's."""
+        if budget_ms is None:
+            budget_ms = self.settings.cascade_budget_ms
         late = began is not None
         if began is not None and budget_ms is not None:
             x.start_by_s = began + budget_ms / 1000.0

@@ -105,7 +105,7 @@ async def classify(
 
 
 class PredictRequest(TeiRequest):
-    """TEI's /predict request; `model` and `cascade_threshold` are distilserve's own."""
+    """TEI's /predict request; `model` and the cascade's fields are distilserve's own."""
 
     inputs: str | list[str] | list[list[str]] = Field(
         ...,
@@ -117,6 +117,9 @@ class PredictRequest(TeiRequest):
     model: str | None = Field(None, description="Model name; default: the first model serving the task.")
     cascade_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description="As /v1/classify's: a student's unsure texts go to its teacher."
+    )
+    cascade_budget_ms: float | None = Field(
+        None, gt=0, description="As /v1/classify's: past it a student's unsure texts keep its answers."
     )
 
 
@@ -174,7 +177,7 @@ async def handle_predict(
         outputs, _ = await run_texts(model, items, body.truncate, metrics, timeout_s, x)
         return [_scored(o, model) for o in outputs]
 
-    rows = await c.pairs.answer(model, items, every_label, body.cascade_threshold, x)
+    rows = await c.pairs.answer(model, items, every_label, body.cascade_threshold, x, body.cascade_budget_ms)
     answers = [
         [
             Prediction(
@@ -205,7 +208,9 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     )
     labels = label_order(job.model)
     answer = answering(classify, len(labels), job.c.metrics, job.timeout_s)
-    rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
+    rows = await job.c.pairs.answer(
+        job.model, texts, answer, body.cascade_threshold, job.x, body.cascade_budget_ms
+    )
     scores = [{r["label"]: r["score"] for r in row} for row in rows]
     return {
         "LABEL": strings([row[0]["label"] for row in rows]),
@@ -235,7 +240,7 @@ TASK = ServedTask(
     v2=V2Interface(
         inputs=("TEXT",),
         outputs=(tensor("LABEL", "BYTES"), tensor("SCORE", "FP32"), tensor("SCORES", "FP32", 2)),
-        parameters=("cascade_threshold",),
+        parameters=("cascade_threshold", "cascade_budget_ms"),
         run=infer,
     ),
     engine=EngineAsks(finish=with_probabilities),

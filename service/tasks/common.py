@@ -32,6 +32,7 @@ class TextsRequest(Protocol):
     inputs: str | list[str]
     top_k: int
     cascade_threshold: float | None
+    cascade_budget_ms: float | None
 
 
 PerText = Callable[["ServedModel", Sequence[str], int, "Metrics", float, Exchange], Awaitable[list[R]]]
@@ -45,7 +46,7 @@ def per_text_endpoint(task: str, run: PerText[R]) -> Handler:
         model = c.resolve(task, body.model, body.version, x)
         texts = c.texts(body.inputs, x)
         answer = answering(run, body.top_k, c.metrics, c.settings.request_timeout_s)
-        rows = await c.pairs.answer(model, texts, answer, body.cascade_threshold, x)
+        rows = await c.pairs.answer(model, texts, answer, body.cascade_threshold, x, body.cascade_budget_ms)
         return rows[0] if isinstance(body.inputs, str) else rows
 
     return handle

@@ -113,6 +113,13 @@ class CascadeRequest(ModelRequest):
         description="Inputs whose best answer scores below this go to the student's teacher; default: the "
         "pair's calibrated threshold (0: the student answers everything). No effect without a teacher.",
     )
+    cascade_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="How long this request may take, from when its engine work begins, before the "
+        "teacher starts on its unsure inputs; past it the student's answers stand "
+        "(X-Distilserve-Teacher-Busy). Default: the server's DISTILSERVE_CASCADE_BUDGET_MS.",
+    )
 
 
 @dataclass(frozen=True)

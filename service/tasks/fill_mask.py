@@ -123,7 +123,9 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
         FillMaskRequest, {"inputs": texts, **passed(job, TASK.v2.parameters)}, {"inputs": "TEXT"}
     )
     answer = answering(fill_mask, body.top_k, job.c.metrics, job.timeout_s)
-    rows = await job.c.pairs.answer(job.model, texts, answer, body.cascade_threshold, job.x)
+    rows = await job.c.pairs.answer(
+        job.model, texts, answer, body.cascade_threshold, job.x, body.cascade_budget_ms
+    )
     shape = (len(rows), len(rows[0]))
     return {
         "TOKEN_STR": strings([c["token_str"] for row in rows for c in row]).reshape(shape),
@@ -154,7 +156,7 @@ TASK = ServedTask(
             tensor(n, t, 2)
             for n, t in (("TOKEN_STR", "BYTES"), ("TOKEN", "INT64"), ("SCORE", "FP32"), ("SEQUENCE", "BYTES"))
         ),
-        parameters=("top_k", "cascade_threshold"),
+        parameters=("top_k", "cascade_threshold", "cascade_budget_ms"),
         run=infer,
     ),
     engine=EngineAsks(gather_token=mask_token),

@@ -260,6 +260,7 @@ async def cascaded(
     c: Collaborators,
     timeout_s: float,
     x: Exchange,
+    budget_ms: float | None = None,
 ) -> list[list[Answer]]:
     """answer_all by the model, and by its teacher for the pairs it is unsure of (service.cascade)."""
 
@@ -268,7 +269,7 @@ async def cascaded(
     ) -> Awaitable[list[list[Answer]]]:
         return answer_all(served, some, rules, c.metrics, timeout_s, x)
 
-    return await c.pairs.answer(model, pairs, answer, threshold, x)
+    return await c.pairs.answer(model, pairs, answer, threshold, x, budget_ms)
 
 
 def best_over_passages(
@@ -310,7 +311,8 @@ async def retrieve_then_read(
     read = await retrieval.retrieve(embedder, question, passages, k, c, x)
     x.items = len(read)  # the QA model's inferences: the pairs it reads
     pairs = [(question, passages[i]) for i in read]
-    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, c.settings.request_timeout_s, x)
+    timeout_s, budget_ms = c.settings.request_timeout_s, body.cascade_budget_ms
+    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, timeout_s, x, budget_ms)
     ranked = best_over_passages(read, results, rules.top_k) or [
         PassageAnswer(answer="", score=0.0, start=0, end=0, model=model.name, passage=read[0])
     ]
@@ -326,7 +328,8 @@ async def handle(
         return await retrieve_then_read(model, body, rules, c, x)
     pairs = body.pairs()
     c.check_batch(len(pairs), x)
-    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, c.settings.request_timeout_s, x)
+    timeout_s, budget_ms = c.settings.request_timeout_s, body.cascade_budget_ms
+    results = await cascaded(model, pairs, rules, body.cascade_threshold, c, timeout_s, x, budget_ms)
     if body.top_k == 1:
         flat = [r[0] if r else no_answer(model.name) for r in results]
         return flat[0] if body.inputs is None else flat
@@ -340,7 +343,10 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
     body = validated(QARequest, {"inputs": pairs, **passed(job, TASK.v2.parameters)}, names)
     rules = SpanRules(1, body.max_answer_length, body.handle_impossible_answer, body.doc_stride)
     threshold = body.cascade_threshold
-    results = await cascaded(job.model, body.pairs(), rules, threshold, job.c, job.timeout_s, job.x)
+    budget_ms = body.cascade_budget_ms
+    results = await cascaded(
+        job.model, body.pairs(), rules, threshold, job.c, job.timeout_s, job.x, budget_ms
+    )
     best = [r[0] if r else no_answer(job.model.name) for r in results]
     return {
         "ANSWER": strings([a["answer"] for a in best]),
@@ -370,7 +376,13 @@ TASK = ServedTask(
             tensor("START", "INT64"),
             tensor("END", "INT64"),
         ),
-        parameters=("max_answer_length", "doc_stride", "handle_impossible_answer", "cascade_threshold"),
+        parameters=(
+            "max_answer_length",
+            "doc_stride",
+            "handle_impossible_answer",
+            "cascade_threshold",
+            "cascade_budget_ms",
+        ),
         run=infer,
     ),
 )

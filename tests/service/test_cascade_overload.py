@@ -69,8 +69,10 @@ def settings_for(repository: Path, **fields: Any) -> Settings:
     return Settings(model_repository=repository, **chosen)
 
 
-async def classify(client: httpx.AsyncClient, threshold: float | None = 1.0, model: str = "cls") -> Any:
-    body: dict[str, Any] = {"inputs": [TEXT], "model": model, "top_k": 2}
+async def classify(
+    client: httpx.AsyncClient, threshold: float | None = 1.0, model: str = "cls", **fields: Any
+) -> Any:
+    body: dict[str, Any] = {"inputs": [TEXT], "model": model, "top_k": 2, **fields}
     if threshold is not None:
         body["cascade_threshold"] = threshold
     return await client.post("/v1/classify", json=body)
@@ -178,6 +180,37 @@ def test_past_the_budget_the_student_answers_and_the_teacher_computes_nothing_fo
         assert held.calls == 1  # the late one was never computed
 
     run_with_client(settings_for(pair_repository, cascade_budget_ms=300, max_queue=8), body, held)
+
+
+def test_a_request_brings_its_own_budget_on_every_protocol(pair_repository: Path) -> None:
+    held = HeldTeacher()
+
+    async def body(client: httpx.AsyncClient) -> None:
+        held.hold()
+        computing = asyncio.create_task(classify(client))  # no budget of its own or the server's: waits
+        await until(lambda: _true(held.calls == 1))
+        own = await classify(client, cascade_budget_ms=200)  # queued behind it: its own budget ends it
+        assert own.status_code == 200 and own.headers["x-distilserve-teacher-busy"] == "1"
+        v2 = await client.post(
+            "/v2/models/cls/infer",
+            json={
+                "inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [TEXT]}],
+                "parameters": {"cascade_threshold": 1.0, "cascade_budget_ms": 200},
+            },
+        )
+        assert v2.status_code == 200 and v2.headers["x-distilserve-teacher-busy"] == "1"
+        tei = await client.post(
+            "/predict",
+            json={"inputs": TEXT, "model": "cls", "cascade_threshold": 1.0, "cascade_budget_ms": 200},
+        )
+        assert tei.status_code == 200 and tei.headers["x-distilserve-teacher-busy"] == "1"
+        bad = await classify(client, cascade_budget_ms=0)
+        assert bad.status_code == 422 and "cascade_budget_ms" in bad.text
+        held.release()
+        assert (await computing).json()[0][0]["model"] == TEACHER
+        assert kept((await client.get("/metrics")).text, "late") == 3
+
+    run_with_client(settings_for(pair_repository, max_queue=8), body, held)
 
 
 def test_a_budget_spent_waiting_for_the_student_skips_the_teacher(pair_repository: Path) -> None:
