@@ -100,7 +100,8 @@ def test_tei_rerank_and_v1_rerank_order_documents_by_pytorchs_relevance(
     np.testing.assert_allclose([r["score"] for r in ranks], sigmoid(logits[order]), atol=1e-5)
     assert all(r["text"] == DOCUMENTS[r["index"]] for r in ranks)
     raw = post(client, "/rerank", {"query": QUERY, "texts": DOCUMENTS, "raw_scores": True})
-    np.testing.assert_allclose([r["score"] for r in raw], logits[order], atol=1e-5)
+    # raw logits up to ~2 in fp32: ONNX and PyTorch sum in other orders, so a share of each value too
+    np.testing.assert_allclose([r["score"] for r in raw], logits[order], rtol=1e-5, atol=1e-5)
 
     cohere = post(client, "/v1/rerank", {"model": RANKER, "query": QUERY, "documents": DOCUMENTS, "top_n": 2})
     assert cohere["model"] == RANKER and [r["index"] for r in cohere["results"]] == order[:2]
