@@ -73,6 +73,26 @@ def mode_env(mode: str) -> dict[str, str]:
     raise typer.BadParameter(f"unknown mode {mode!r}: refuse, student or budget:MS", param_hint="--modes")
 
 
+def server_settings(env: str) -> dict[str, str]:
+    """`--env`'s K=V,K=V."""
+    pairs = [kv.strip() for kv in env.split(",") if kv.strip()]
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r}: give K=V, e.g. DISTILSERVE_MAX_QUEUE=128", param_hint="--env")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
+def multiples(loads: str) -> list[float]:
+    """`--loads`: positive multiples of the capacity."""
+    try:
+        found = [float(x) for x in loads.split(",") if x.strip()]
+    except ValueError:
+        found = []
+    if not found or any(x <= 0 for x in found):
+        raise typer.BadParameter(f"{loads!r}: give positive numbers, e.g. 0.5,1,2", param_hint="--loads")
+    return found
+
+
 def point(
     mode: str,
     load: float,
@@ -164,7 +184,9 @@ def main(
     out: Annotated[Path, typer.Option()] = Path("docs/bench"),
 ) -> None:
     data = qa_set(eval_data) if eval_data.suffix == ".json" else classification_set(eval_data)
-    common = dict(kv.split("=", 1) for kv in env.split(",") if kv.strip())
+    common, offered, chosen = server_settings(env), multiples(loads), [m.strip() for m in modes.split(",")]
+    for mode in chosen:
+        mode_env(mode)  # an unknown one is refused before anything runs
     bodies = [data.one(item, student, None) for item in data.items]
     with serve(repository, common) as base:
         threshold = served_threshold(base, student)
@@ -175,8 +197,8 @@ def main(
         capacity = wrk_load("capacity", base, data.path, bodies, capacity_connections, int(seconds)).rps
     console.print(f"capacity {capacity:.0f} requests/s at {capacity_connections} connections")
     points: list[Point] = []
-    for load in [float(x) for x in loads.split(",")]:
-        for mode in [m.strip() for m in modes.split(",") if m.strip()]:
+    for load in offered:
+        for mode in chosen:
             rate = load * capacity
             with serve(repository, {**common, **mode_env(mode)}) as base:
                 open_loop(base, data.path, bodies, min(rate, capacity / 2), 3, connections)  # warm-up

@@ -336,8 +336,9 @@ class Pairs:
         try:
             if x.start_by_s is not None and time.monotonic() >= x.start_by_s:
                 raise DeadlineExceededError(
-                    f"the cascade's budget ({budget_ms:g} ms, DISTILSERVE_CASCADE_BUDGET_MS) was spent "
-                    f"before the teacher {pair.teacher.name} could start"
+                    f"the cascade's budget of {budget_ms:g} ms (cascade_budget_ms, or "
+                    f"DISTILSERVE_CASCADE_BUDGET_MS) was spent before the teacher {pair.teacher.name} "
+                    "could start"
                 )
             return await call()
         except (QueueFullError, EngineUnavailableError, DeadlineExceededError) as e:

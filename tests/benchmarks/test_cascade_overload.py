@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from benchmarks.cascade_eval import classification_set
-from benchmarks.cascade_overload import mode_env, point, report
+from benchmarks.cascade_overload import mode_env, multiples, point, report, server_settings
 from benchmarks.open_loop import Reply
 
 
@@ -49,3 +49,13 @@ def test_modes_are_server_settings_and_an_unknown_one_is_refused() -> None:
     assert mode_env("budget:40")["DISTILSERVE_CASCADE_BUDGET_MS"] == "40"
     with pytest.raises(typer.BadParameter, match="budget:MS"):
         mode_env("sometimes")
+
+
+def test_loads_and_settings_that_are_not_what_they_take_are_refused_with_a_message() -> None:
+    assert multiples("0.5, 1,2") == [0.5, 1.0, 2.0]
+    assert server_settings("DISTILSERVE_MAX_QUEUE=128, A=b=c") == {"DISTILSERVE_MAX_QUEUE": "128", "A": "b=c"}
+    for bad in ("", "fast", "1,-2"):
+        with pytest.raises(typer.BadParameter, match="positive numbers"):
+            multiples(bad)
+    with pytest.raises(typer.BadParameter, match="give K=V"):
+        server_settings("DISTILSERVE_MAX_QUEUE")
