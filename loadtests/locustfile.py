@@ -20,8 +20,8 @@ What one user does, by task weight (out of 100):
   a body that is not JSON, token ids for embeddings), each a success only when it gets its 4xx;
 - where a sentence-embeddings model is served, 10 more: OpenAI embeddings of 1-8 texts (6), and a rerank of
   2-16 reviews against a question, the best 3 back (4).
-A task whose model the server does not serve (GET /v1/models) is skipped, so any repository can be loaded:
-the demo's, or one of embedding models alone.
+A task whose model the server does not serve (GET /v1/models) is never picked, and the weights split a
+user's time among the rest, so any repository can be loaded: the demo's, or one of embedding models alone.
 
 Texts are mostly short (a few to 30 tokens), some medium, a few long enough to be truncated to the
 model's window, as in real traffic. A 429 (queue full) is a failure named "429 Too Many Requests" so the
@@ -95,6 +95,19 @@ def context_of_some_length(rng: random.Random) -> str:
     return "".join(paragraphs).strip()
 
 
+TaskFunction = Callable[..., None]
+
+
+def needs(task_name: str) -> Callable[[TaskFunction], TaskFunction]:
+    """Mark a locust task as one that only makes sense where a model serves `task_name`."""
+
+    def mark(function: TaskFunction) -> TaskFunction:
+        function.needs = task_name  # type: ignore[attr-defined]
+        return function
+
+    return mark
+
+
 class ServiceUser(HttpUser):
     wait_time = between(0.05, 0.5)  # think time between one user's requests
 
@@ -109,11 +122,17 @@ class ServiceUser(HttpUser):
                 cards = r.json()["models"]
                 self.mask = next((c["mask_token"] for c in cards if c["mask_token"]), self.mask)
                 self.models = {c["task"]: c["name"] for c in cards}
+        # Only what is served is picked, so the weights split this user's time among the served tasks
+        # (an embedding-only repository gets all its traffic as embeddings and reranks).
+        self.tasks = [t for t in type(self).tasks if self.serves(getattr(t, "needs", None))]
 
     # -- helpers --------------------------------------------------------------------------------------
 
-    def serves(self, task_name: str) -> bool:
-        """A model serves `task_name` (the demo's four tasks are assumed where /v1/models was unreadable)."""
+    def serves(self, task_name: str | None) -> bool:
+        """A model serves `task_name` (the demo's four tasks are assumed where /v1/models was unreadable);
+        None: a task any service takes."""
+        if task_name is None:
+            return True
         return task_name in self.models or (not self.models and task_name != "sentence-embeddings")
 
     def post(
@@ -205,30 +224,26 @@ class ServiceUser(HttpUser):
     # -- tasks ----------------------------------------------------------------------------------------
 
     @task(24)
+    @needs("text-classification")
     def classify(self) -> None:
-        if not self.serves("text-classification"):
-            return
         self.post("/v1/classify", {"inputs": text_of_some_length(self.rng)}, "/v1/classify", valid=is_list)
 
     @task(6)
+    @needs("text-classification")
     def classify_list(self) -> None:
-        if not self.serves("text-classification"):
-            return
         texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(2, 8))]
         body = {"inputs": texts, "top_k": 2}
         self.post("/v1/classify", body, "/v1/classify [list]", valid=lambda out: len(out) == len(texts))
 
     @task(12)
+    @needs("question-answering")
     def qa(self) -> None:
-        if not self.serves("question-answering"):
-            return
         body = {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
         self.post("/v1/qa", body, "/v1/qa", valid=lambda out: "answer" in out)
 
     @task(4)
+    @needs("question-answering")
     def qa_list(self) -> None:
-        if not self.serves("question-answering"):
-            return
         pairs = [
             {"question": self.rng.choice(QUESTIONS), "context": context_of_some_length(self.rng)}
             for _ in range(self.rng.randint(2, 4))
@@ -236,15 +251,13 @@ class ServiceUser(HttpUser):
         self.post("/v1/qa", {"inputs": pairs}, "/v1/qa [list]", valid=lambda out: len(out) == len(pairs))
 
     @task(10)
+    @needs("fill-mask")
     def fill_mask(self) -> None:
-        if not self.serves("fill-mask"):
-            return
         self.post("/v1/fill-mask", {"inputs": self.masked(), "top_k": 5}, "/v1/fill-mask", valid=is_list)
 
     @task(4)
+    @needs("fill-mask")
     def fill_mask_list(self) -> None:
-        if not self.serves("fill-mask"):
-            return
         texts = [self.masked() for _ in range(self.rng.randint(2, 4))]
         self.post(
             "/v1/fill-mask",
@@ -254,37 +267,32 @@ class ServiceUser(HttpUser):
         )
 
     @task(8)
+    @needs("text-generation")
     def generate(self) -> None:
-        if not self.serves("text-generation"):
-            return
         self.post(
             "/v1/generate", self.generation_body(), "/v1/generate", valid=lambda out: "finish_reason" in out
         )
 
     @task(10)
+    @needs("text-generation")
     def generate_stream(self) -> None:
-        if not self.serves("text-generation"):
-            return
         body = {**self.generation_body(), "stream": True}
         self.stream("/v1/generate", body, lambda event: "token" in event, final="finish_reason")
 
     @task(2)
+    @needs("text-generation")
     def completion(self) -> None:
-        if not self.serves("text-generation"):
-            return
         self.post("/v1/completions", self.completion_body(), "/v1/completions", valid=has_choices)
 
     @task(2)
+    @needs("text-generation")
     def completion_stream(self) -> None:
-        if not self.serves("text-generation"):
-            return
         body = {**self.completion_body(), "stream": True}
         self.stream("/v1/completions", body, lambda event: bool(event["choices"]), final="[DONE]")
 
     @task(2)
+    @needs("text-generation")
     def completion_constrained(self) -> None:
-        if not self.serves("text-generation"):
-            return
         constraint, accepts = self.rng.choice(CONSTRAINTS)
         body = self.completion_body() | {"max_tokens": 24, "structured_outputs": constraint}
         self.post(
@@ -329,17 +337,15 @@ class ServiceUser(HttpUser):
         self.post(path, body, f"{path} [bad -> {expect}]", expect=expect)
 
     @task(6)
+    @needs("sentence-embeddings")
     def embeddings(self) -> None:
-        if not self.serves("sentence-embeddings"):
-            return
         texts = [text_of_some_length(self.rng) for _ in range(self.rng.randint(1, 8))]
         body = {"input": texts}
         self.post("/v1/embeddings", body, "/v1/embeddings", valid=lambda out: len(out["data"]) == len(texts))
 
     @task(4)
+    @needs("sentence-embeddings")
     def rerank(self) -> None:
-        if not self.serves("sentence-embeddings"):
-            return
         documents = [review(self.rng) for _ in range(self.rng.randint(2, 16))]
         body = {"query": self.rng.choice(QUESTIONS), "documents": documents, "top_n": 3}
         best = min(3, len(documents))
