@@ -132,7 +132,10 @@ def test_a_long_pair_is_cut_longest_first_or_refused_by_name(
     assert cut.status_code == 200 and cut.headers["X-Distilserve-Truncated"] == "1"
     by_index = {r["index"]: r["score"] for r in cut.json()}
     np.testing.assert_allclose(
-        [by_index[0], by_index[1]], torch_logits(built[RANKER], [(QUERY, "film"), (QUERY, long)]), atol=1e-5
+        [by_index[0], by_index[1]],
+        torch_logits(built[RANKER], [(QUERY, "film"), (QUERY, long)]),
+        rtol=1e-5,  # raw logits near 2: onnxruntime's and PyTorch's summation orders differ by ~1e-5
+        atol=1e-5,
     )
     refused = client.post("/rerank", json={"query": QUERY, "texts": ["film", long], "truncate": False})
     assert refused.status_code == 413
