@@ -57,6 +57,7 @@ from service.api.grpc_stream import stream_infer
 from service.api.grpc_v2_wire import STATUS_CODES, Code, Failure, grpc_status, infer_response, read_request
 from service.api.v2 import (
     EXTENSIONS,
+    answer_parameters,
     as_classifications,
     find_model,
     loaded,
@@ -190,7 +191,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         parsed, binary = read_request(request)
         job, choices = v2_job(c, model, parsed, binary, x, context.time_remaining())
         tensors = await TASKS[model.manifest.task].v2.run(job)
-        return infer_response(request.id, model, as_classifications(tensors, choices, model), choices)
+        outputs = as_classifications(tensors, choices, model)
+        return infer_response(request.id, model, outputs, choices, answer_parameters(x))
 
     def _config(self, request: Any) -> Any:
         c = loaded(self.state)

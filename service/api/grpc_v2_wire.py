@@ -128,12 +128,22 @@ def read_request(request: Any) -> tuple[InferenceRequest, bytes]:
 
 
 def infer_response(
-    request_id: str, model: ServedModel, tensors: dict[str, Any], choices: Sequence[OutputChoice]
+    request_id: str,
+    model: ServedModel,
+    tensors: dict[str, Any],
+    choices: Sequence[OutputChoice],
+    parameters: dict[str, str | int] | None = None,
 ) -> Any:
-    """The outputs asked for, each in raw_output_contents (as Triton answers; HTTP's binary_data is moot)."""
+    """The outputs asked for, each in raw_output_contents (as Triton answers; HTTP's binary_data is moot),
+    and the response's `parameters` (v2.answer_parameters: strings and integers)."""
     response = service_pb2.ModelInferResponse(
         model_name=model.name, model_version=str(model.manifest.version), id=request_id
     )
+    for key, value in (parameters or {}).items():
+        if isinstance(value, str):
+            response.parameters[key].string_param = value
+        else:
+            response.parameters[key].int64_param = value
     for choice in choices:
         array = tensors[choice.name]
         response.outputs.add(name=choice.name, datatype=datatype_of(array), shape=array.shape)

@@ -190,6 +190,18 @@ def _reply(content: bytes, header_length: int | None, accept_encoding: str | Non
     return Response(content, media_type=media, headers=headers)
 
 
+def answer_parameters(x: Exchange) -> dict[str, Any]:
+    """The response's `parameters`: who answered (`answered_by`, the names X-Distilserve-Answered-By gives)
+    and how many unsure inputs kept the student's answer because the teacher was busy (`teacher_busy`), so
+    that gRPC clients, which see no HTTP headers, read the same."""
+    parameters: dict[str, Any] = {}
+    if x.answered_by:
+        parameters["answered_by"] = ", ".join(x.answered_by)
+    if x.teacher_busy:
+        parameters["teacher_busy"] = x.teacher_busy
+    return parameters
+
+
 def as_classifications(
     tensors: dict[str, np.ndarray], choices: list[OutputChoice], model: ServedModel
 ) -> dict[str, np.ndarray]:
@@ -244,6 +256,8 @@ async def infer(request: Request, c: Collaborators, name: str, version: str | No
     head: dict[str, Any] = {"model_name": model.name, "model_version": str(model.manifest.version)}
     if parsed.id is not None:
         head["id"] = parsed.id
+    if parameters := answer_parameters(x):
+        head["parameters"] = parameters
     content, header_length = encode_response(head, as_classifications(tensors, choices, model), choices)
     return _reply(content, header_length, request.headers.get("accept-encoding"))
 

@@ -6,8 +6,8 @@ together as one sequence (`["query", "document"]`, a cross-encoder's input), or 
 what TEI's validation refuses is a 413, as TEI answers. A model of one label (a cross-encoder's relevance)
 scores by its sigmoid, as the HF pipeline does; rerank and score read such models (service.tasks.similarity).
 v2: TEXT BYTES [b] -> LABEL BYTES [b], SCORE FP32 [b] (top-1 probability), SCORES FP32 [b, num_labels]
-(every label's probability, in the manifest's label order). The engine adds the class probabilities once
-per batch.
+(every label's probability, in the manifest's label order), MODEL BYTES [b] (the model that answered). The
+engine adds the class probabilities once per batch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 from service.exchange import Exchange
 from service.tasks.common import (
     TextOrPair,
+    answered_by,
     answering,
     label_order,
     passed,
@@ -31,6 +32,7 @@ from service.tasks.common import (
     validated,
 )
 from service.tasks.contract import (
+    ANSWERED_BY,
     CascadeRequest,
     Collaborators,
     Endpoint,
@@ -216,6 +218,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
         "LABEL": strings([row[0]["label"] for row in rows]),
         "SCORE": np.array([row[0]["score"] for row in rows], dtype=np.float32),
         "SCORES": np.array([[s.get(label, 0.0) for label in labels] for s in scores], dtype=np.float32),
+        "MODEL": answered_by([row[0] for row in rows]),
     }
 
 
@@ -239,7 +242,7 @@ TASK = ServedTask(
     ),
     v2=V2Interface(
         inputs=("TEXT",),
-        outputs=(tensor("LABEL", "BYTES"), tensor("SCORE", "FP32"), tensor("SCORES", "FP32", 2)),
+        outputs=(tensor("LABEL", "BYTES"), tensor("SCORE", "FP32"), tensor("SCORES", "FP32", 2), ANSWERED_BY),
         parameters=("cascade_threshold", "cascade_budget_ms"),
         run=infer,
     ),

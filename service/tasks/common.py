@@ -232,6 +232,11 @@ def strings(values: Sequence[Any]) -> np.ndarray:
     return array
 
 
+def answered_by(best: Sequence[Any]) -> np.ndarray:
+    """The v2 MODEL tensor (contract.ANSWERED_BY): the model named by each input's best answer."""
+    return strings([answer["model"] for answer in best])
+
+
 def label_order(model: ServedModel) -> list[str]:
     labels = model.manifest.labels
     return [labels[i] for i in sorted(labels)]

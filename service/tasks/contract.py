@@ -196,6 +196,11 @@ def tensor(name: str, datatype: str, rank: int = 1) -> TensorMetadata:
     return TensorMetadata(name=name, datatype=datatype, shape=[-1] * rank)
 
 
+# A cascade task's v2 output: the name of the model that answered each input (its student, or the teacher
+# for an unsure one), what /v1's `model` says per result.
+ANSWERED_BY = tensor("MODEL", "BYTES")
+
+
 @dataclass(frozen=True)
 class V2Job:
     """One infer request, decoded: the model, its input texts and the request's parameters."""

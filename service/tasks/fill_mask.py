@@ -1,7 +1,8 @@
 """Fill-mask: texts with one mask token -> the top-k tokens for it, with the completed sequences.
 
 `POST /v1/fill-mask`; v2: TEXT BYTES [b] -> TOKEN_STR BYTES [b, k], TOKEN INT64 [b, k], SCORE FP32 [b, k],
-SEQUENCE BYTES [b, k] (the tokens decoded with the mask filled); parameter top_k (default 5). The engine
+SEQUENCE BYTES [b, k] (the tokens decoded with the mask filled), MODEL BYTES [b] (the model that answered);
+parameter top_k (default 5). The engine
 sends back only the logits at the mask position, not a vocabulary-wide row per token.
 """
 
@@ -17,6 +18,7 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 from service.exchange import Exchange
 from service.tasks.classification import softmax
 from service.tasks.common import (
+    answered_by,
     answering,
     check_chars,
     enforce_window,
@@ -28,6 +30,7 @@ from service.tasks.common import (
     validated,
 )
 from service.tasks.contract import (
+    ANSWERED_BY,
     CascadeRequest,
     Endpoint,
     EngineAsks,
@@ -132,6 +135,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
         "TOKEN": np.array([[c["token"] for c in row] for row in rows], dtype=np.int64).reshape(shape),
         "SCORE": np.array([[c["score"] for c in row] for row in rows], dtype=np.float32).reshape(shape),
         "SEQUENCE": strings([c["sequence"] for row in rows for c in row]).reshape(shape),
+        "MODEL": answered_by([row[0] for row in rows]),
     }
 
 
@@ -152,9 +156,12 @@ TASK = ServedTask(
     ),
     v2=V2Interface(
         inputs=("TEXT",),
-        outputs=tuple(
-            tensor(n, t, 2)
-            for n, t in (("TOKEN_STR", "BYTES"), ("TOKEN", "INT64"), ("SCORE", "FP32"), ("SEQUENCE", "BYTES"))
+        outputs=(
+            tensor("TOKEN_STR", "BYTES", 2),
+            tensor("TOKEN", "INT64", 2),
+            tensor("SCORE", "FP32", 2),
+            tensor("SEQUENCE", "BYTES", 2),
+            ANSWERED_BY,
         ),
         parameters=("top_k", "cascade_threshold", "cascade_budget_ms"),
         run=infer,

@@ -5,8 +5,8 @@ The context is split into overlapping windows that batch like texts. Retrieve, t
 (service.tasks.retrieval), each read as a context; the answer names its passage (/v1 only).
 
 `POST /v1/qa`; v2: QUESTION, CONTEXT BYTES [b] -> ANSWER BYTES [b], SCORE FP32 [b], START, END INT64 [b]
-(character offsets: CONTEXT[START:END] == ANSWER); parameters max_answer_length, doc_stride,
-handle_impossible_answer as in /v1/qa.
+(character offsets: CONTEXT[START:END] == ANSWER), MODEL BYTES [b] (the model that answered); parameters
+max_answer_length, doc_stride, handle_impossible_answer as in /v1/qa.
 """
 
 from __future__ import annotations
@@ -22,8 +22,17 @@ from typing_extensions import TypedDict  # pydantic reads only this one's fields
 from common.spans import null_score, offsets_array, span_probabilities, top_spans
 from service.exchange import Exchange
 from service.tasks import retrieval
-from service.tasks.common import check_chars, passed, run_all, strings, tokenizing, validated
+from service.tasks.common import (
+    answered_by,
+    check_chars,
+    passed,
+    run_all,
+    strings,
+    tokenizing,
+    validated,
+)
 from service.tasks.contract import (
+    ANSWERED_BY,
     CascadeRequest,
     Collaborators,
     Endpoint,
@@ -353,6 +362,7 @@ async def infer(job: V2Job) -> dict[str, np.ndarray]:
         "SCORE": np.array([a["score"] for a in best], dtype=np.float32),
         "START": np.array([a["start"] for a in best], dtype=np.int64),
         "END": np.array([a["end"] for a in best], dtype=np.int64),
+        "MODEL": answered_by(best),
     }
 
 
@@ -375,6 +385,7 @@ TASK = ServedTask(
             tensor("SCORE", "FP32"),
             tensor("START", "INT64"),
             tensor("END", "INT64"),
+            ANSWERED_BY,
         ),
         parameters=(
             "max_answer_length",

@@ -58,7 +58,7 @@ def test_model_config_describes_what_is_served(client: triton.InferenceServerCli
         assert config["version_policy"] == {"all": {}}
         assert config["parameters"]["task"] == {"string_value": card["task"]}
         assert client.get_model_config(name, "1") == config
-    assert [t["dims"] for t in client.get_model_config(CLS)["output"]] == [[], [], [2]]
+    assert [t["dims"] for t in client.get_model_config(CLS)["output"]] == [[], [], [2], []]
 
 
 def test_model_config_follows_the_settings(tiny_repository: Path) -> None:

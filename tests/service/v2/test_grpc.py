@@ -155,7 +155,7 @@ def test_typed_contents_answer_as_raw_contents(grpc_client: Client, grpc_port: i
         response = stub.ModelInfer(
             service_pb2.ModelInferRequest(model_name=CLS, inputs=[text_tensor("TEXT", texts)])
         )
-    assert [o.name for o in response.outputs] == ["LABEL", "SCORE", "SCORES"]
+    assert [o.name for o in response.outputs] == ["LABEL", "SCORE", "SCORES", "MODEL"]
     assert response.raw_output_contents == raw.get_response().raw_output_contents
 
 

@@ -66,6 +66,7 @@ def test_model_metadata_documents_the_text_interface(client: triton.InferenceSer
         "LABEL": ("BYTES", [-1]),
         "SCORE": ("FP32", [-1]),
         "SCORES": ("FP32", [-1, 2]),
+        "MODEL": ("BYTES", [-1]),  # who answered each text: the student, or its teacher (service.cascade)
     }
     assert client.get_model_metadata(CLS, "1") == cls
     qa = client.get_model_metadata(QA)
