@@ -11,28 +11,19 @@ teacher that cannot take the unsure inputs (its queue full, its engine away, not
 budget or the request's deadline) leaves the student's answers standing (`from_teacher`): the student has
 answered already, and a 429 or a 504 for an answer the service holds helps no client.
 
-Live agreement: a share (`DISTILSERVE_SHADOW_RATE`) of the inputs the student answered goes to the teacher
-too, after the client has its answer, at the engine's lowest priority (service.batching: refused while a
-batch of client work waits, dropped first when the queue is full), at most SHADOW_IN_FLIGHT inputs at a
-time per process, and none while the process has more than SHADOW_BUSY client requests in flight (under
-load a check would only be tokenized to be refused, and those that slip into an idle moment of the engine
-hold it when the next client arrives: at 64 connections they cost the student's clients 8 % of their
-throughput and 40 % on p99 before this gate). Whether the two best answers agree is counted per pair: the
-live twin of the agreement the distillation report measured offline, with an alert rule on it
-(deploy/prometheus/alerts.yml). A generation student's finished answers are checked the same way, per token
-(service.tasks.generation_shadow: does the teacher's most likely next token equal the one the student wrote),
-the unit of the next-token agreement its distillation report gives; an embedding student's vectors by their
-cosine with the teacher's (service.tasks.embedding_shadow), the unit of its report's `teacher_cosine`.
+Live agreement (service.shadow samples, gates and counts): a share of the inputs the student answered goes
+to the teacher too, off the client's path, and whether the two best answers agree is counted per pair. A
+generation student's finished answers are checked per token (service.tasks.generation_shadow: does the
+teacher's most likely next token equal the one the student wrote), the unit of the next-token agreement its
+distillation report gives; an embedding student's vectors by their cosine with the teacher's
+(service.tasks.embedding_shadow), the unit of its report's `teacher_cosine`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -46,6 +37,7 @@ from service.metrics import Metrics
 from service.registry import ModelNotFoundError, ModelRegistry
 from service.served import ServedModel
 from service.settings import Settings
+from service.shadow import ShadowChecks, ShadowCounters
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +46,6 @@ R = TypeVar("R")  # one input's answers, best first: dicts with a `score` and a 
 T = TypeVar("T")  # what a teacher's call returns
 AnswerAll = Callable[[ServedModel, Sequence[I], Exchange], Awaitable[list[R]]]
 CASCADE_TASKS = frozenset({"text-classification", "question-answering", "fill-mask"})
-SHADOW_IN_FLIGHT = 64  # inputs a process has with teachers for shadow checks at once; beyond: dropped
-SHADOW_BUSY = 4  # client requests in flight in this process beyond which no shadow check is sent
-Checked = tuple[int, float]  # a shadow check's (inputs compared, agreed: a count, or a sum of cosines)
-SHADOW_TIMEOUT_S = 5.0  # a shadow check not done within this long is dropped (and leaves the queue)
 BUSY_REASONS = ("overloaded", "unavailable", "late")  # why a teacher could not answer (cascade_kept)
 
 
@@ -84,9 +72,7 @@ class Pair:
     )
     fallbacks: Any  # distilserve_cascade_fallbacks_total{model, teacher}, resolved once
     inputs: Any  # distilserve_cascade_inputs_total{model}
-    compared: Any  # distilserve_shadow_compared_total{model, teacher}
-    agreed: Any  # distilserve_shadow_agreed_total{model, teacher}
-    dropped: Any  # distilserve_shadow_dropped_total{model, teacher}
+    shadow: ShadowCounters  # distilserve_shadow_{compared,agreed,dropped}_total{model, teacher}
     kept: dict[str, Any]  # distilserve_cascade_kept_total{model, teacher, reason}, by reason
     live: LiveCalibration | None = None  # DISTILSERVE_CASCADE_CALIBRATION=live: its threshold as it serves
 
@@ -106,10 +92,7 @@ class Pairs:
         self.capture = capture  # where what a teacher answers is kept (DISTILSERVE_CAPTURE_DIR), or None
         # each pair's live calibration, kept by whoever builds Pairs again when models change
         calibrations = {} if calibrations is None else calibrations
-        self._shadow_in_flight = 0
-        self._clients_in_flight = 0  # this process's requests inside `answer` now
-        self._shadow_tasks: set[asyncio.Task[None]] = set()  # referenced until done
-        self._random = random.Random()
+        self.shadows = ShadowChecks(settings)
         self._pairs: dict[tuple[str, int], Pair] = {}
         self._unpaired: dict[tuple[str, int], str] = {}  # a named teacher that is not served, and why
         for model in registry.all():
@@ -169,9 +152,11 @@ class Pairs:
                 direct,
                 metrics.cascade_fallbacks.labels(model.name, teacher.name),
                 metrics.cascade_inputs.labels(model.name),
-                metrics.shadow_compared.labels(model.name, teacher.name),
-                metrics.shadow_agreed.labels(model.name, teacher.name),
-                metrics.shadow_dropped.labels(model.name, teacher.name),
+                ShadowCounters(
+                    metrics.shadow_compared.labels(model.name, teacher.name),
+                    metrics.shadow_agreed.labels(model.name, teacher.name),
+                    metrics.shadow_dropped.labels(model.name, teacher.name),
+                ),
                 {r: metrics.cascade_kept.labels(model.name, teacher.name, r) for r in BUSY_REASONS},
                 live,
             )
@@ -262,7 +247,7 @@ class Pairs:
                 return directly
             pair = None  # the teacher could not take them: the student answers, as if unpaired
         began = time.monotonic()
-        with self.serving():
+        with self.shadows.serving():
             results = await answer_all(model, inputs, x)
         if pair is None:
             x.answered_by = (model.name,)
@@ -351,15 +336,6 @@ class Pairs:
         x.teacher_busy += inputs
         return None
 
-    @contextmanager
-    def serving(self) -> Iterator[None]:
-        """Around a client's work for a student: shadow checks wait for a quieter moment (SHADOW_BUSY)."""
-        self._clients_in_flight += 1
-        try:
-            yield
-        finally:
-            self._clients_in_flight -= 1
-
     def _shadow(
         self,
         model: ServedModel,
@@ -372,7 +348,7 @@ class Pairs:
     ) -> None:
         """Check a sampled share of the student's answers with the teacher, off the client's path; each
         check also feeds the pair's live calibration (`live`) where the request used its default."""
-        picked = [i for i in range(len(inputs)) if self.sampled()]
+        picked = [i for i in range(len(inputs)) if self.shadows.sampled()]
         if not picked:
             return
 
@@ -387,37 +363,7 @@ class Pairs:
                     live.checked(confidence(mine[i]), same)
             return len(picked), sum(agreed)
 
-        self.check_later(pair, len(picked), check)
-
-    def sampled(self) -> bool:
-        """Whether one more student answer is checked (DISTILSERVE_SHADOW_RATE)."""
-        rate = self.settings.shadow_rate
-        return rate >= 1.0 or (rate > 0 and self._random.random() < rate)
-
-    def check_later(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[Checked]]) -> None:
-        """Run a teacher's check of `inputs` student answers off the client's path, within the shadow limits
-        (the module's docstring); `check` returns (compared, agreed), counted per pair (agreed: a count, or
-        for embeddings a sum of cosines). Refused, too late or failed, the inputs count as dropped, never as
-        an error."""
-        busy = self._clients_in_flight > SHADOW_BUSY  # other requests of this process at the engine
-        if busy or self._shadow_in_flight + inputs > SHADOW_IN_FLIGHT:
-            pair.dropped.inc(inputs)
-            return
-        self._shadow_in_flight += inputs
-        task = asyncio.create_task(self._check(pair, inputs, check))
-        self._shadow_tasks.add(task)
-        task.add_done_callback(self._shadow_tasks.discard)
-
-    async def _check(self, pair: Pair, inputs: int, check: Callable[[], Awaitable[Checked]]) -> None:
-        try:
-            compared, agreed = await asyncio.wait_for(check(), SHADOW_TIMEOUT_S)
-        except Exception:  # refused under load, dropped for a client, too late: uncounted, never an error
-            pair.dropped.inc(inputs)
-            return
-        finally:
-            self._shadow_in_flight -= inputs
-        pair.compared.inc(compared)
-        pair.agreed.inc(agreed)
+        self.shadows.check_later(pair.shadow, len(picked), check)
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
         """What GET /v1/models says of a model's pairing: its served teacher and the cascade's state."""

@@ -70,7 +70,7 @@ async def rank(
             return _alone(teacher, theirs, x)
         return _alone(model, await score(model, every, x), x)  # the teacher could not take them
     began = time.monotonic()
-    with pairs.serving():
+    with pairs.shadows.serving():
         mine = await score(model, every, x)
     margin = pairs.margin(pair, requested)
     if margin is not None:  # counted where a cascade applies, as service.cascade counts its inputs
@@ -92,7 +92,7 @@ async def rank(
     order = best_first(scores, near) + best_first(mine, [i for i in every if i not in read])
     names = [model.name] if len(near) < documents else []
     x.answered_by = tuple(names + ([pair.teacher.name] if near else []))
-    if documents > 1 and pairs.sampled():
+    if documents > 1 and pairs.shadows.sampled():
         _check(pairs, pair, order[0], {i: scores[i] for i in near}, documents, score, x)
     return Ranked(scores, scored_by, order)
 
@@ -116,4 +116,4 @@ def _check(
             theirs.update(zip(unread, await score(pair.teacher, unread, shadow), strict=True))
         return 1, int(served == max(sorted(theirs), key=lambda i: theirs[i]))
 
-    pairs.check_later(pair, 1, check)
+    pairs.shadows.check_later(pair.shadow, 1, check)

@@ -41,7 +41,7 @@ async def embedded_rows(
     `model` is a student served with its teacher, a sampled share of the rows is checked by the teacher
     after the client has them."""
     timeout = c.settings.request_timeout_s if timeout_s is None else timeout_s
-    with c.pairs.serving():
+    with c.pairs.shadows.serving():
         outputs, tokens = await run_texts(model, texts, truncate, c.metrics, timeout, x, labels)
     rows = stacked(outputs, embedding_spec(model).output)
     x.answered_by = (model.name,)  # X-Distilserve-Answered-By, as every task's answers carry it
@@ -60,7 +60,7 @@ def _check_later(
     pair = c.pairs.pair_of(model)
     if pair is None or x.shadow or c.settings.shadow_rate <= 0:
         return
-    picked = [i for i in range(len(texts)) if c.pairs.sampled()]
+    picked = [i for i in range(len(texts)) if c.pairs.shadows.sampled()]
     if not picked:
         return
     mine = rows[picked]
@@ -72,4 +72,4 @@ def _check_later(
         theirs = stacked(outputs, embedding_spec(pair.teacher).output)
         return len(picked), float(row_cosines(mine, theirs).sum())
 
-    c.pairs.check_later(pair, len(picked), check)
+    c.pairs.shadows.check_later(pair.shadow, len(picked), check)

@@ -36,10 +36,10 @@ def shadow_hook(c: Collaborators, model: ServedModel, x: Exchange) -> Callable[[
         return None
 
     def done(seq: Sequence) -> None:
-        output = list(seq.output[: seq.streamed])
-        if output and seq.params.argmax and c.pairs.sampled():
+        output, shadows = list(seq.output[: seq.streamed]), c.pairs.shadows
+        if output and seq.params.argmax and shadows.sampled():
             prompt = list(seq.prompt)
-            c.pairs.check_later(pair, 1, lambda: teacher_agreement(pair.teacher, prompt, output, c, x))
+            shadows.check_later(pair.shadow, 1, lambda: teacher_agreement(pair.teacher, prompt, output, c, x))
 
     return done
 

@@ -5,8 +5,6 @@ the request cuts texts past the window (a cached vector may be of a cut text).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 
 from service.metrics import Metrics
+from service.shadow import ShadowChecks
 from service.tasks import embedding_shadow, retrieval
 from service.tasks.retrieval import PassageCache
 
@@ -48,20 +47,17 @@ class Engine:
 class Unpaired:
     """service.cascade.Pairs where no model has a teacher."""
 
-    @contextmanager
-    def serving(self) -> Iterator[None]:
-        yield
+    def __init__(self, settings: Any) -> None:
+        self.shadows = ShadowChecks(settings)
 
     def pair_of(self, model: Any) -> None:
         return None
 
 
 def collaborators(capacity: int = 16) -> Any:
+    settings = SimpleNamespace(request_timeout_s=5, shadow_rate=0.0, embedding_documents="own")
     return SimpleNamespace(
-        passages=PassageCache(capacity, Metrics()),
-        metrics=None,
-        settings=SimpleNamespace(request_timeout_s=5, shadow_rate=0.0, embedding_documents="own"),
-        pairs=Unpaired(),
+        passages=PassageCache(capacity, Metrics()), metrics=None, settings=settings, pairs=Unpaired(settings)
     )
 
 
