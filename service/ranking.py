@@ -12,7 +12,7 @@ is overridden per request (`cascade_margin`) or per server (`DISTILSERVE_CASCADE
 `DISTILSERVE_CASCADE=off` lets the student rank alone.
 
 Live agreement: a sampled share of queries (`DISTILSERVE_SHADOW_RATE`) has the teacher score the documents it
-did not read, off the client's path and within service.cascade's shadow limits; a query agrees where the best
+did not read, off the client's path and within service.shadow's limits; a query agrees where the best
 document served is the teacher's best, the calibration's `agreement` (which the drift alert compares it
 with). Not the student's own best: how often that is the teacher's falls with every candidate a query brings
 (SQuAD's pair: 94.7 % of 3-paragraph queries, 80.8 % of 10-paragraph ones), while the cascade's holds
@@ -51,9 +51,16 @@ def best_first(scores: Sequence[float], among: Sequence[int]) -> list[int]:
 
 
 async def rank(
-    pairs: Pairs, model: ServedModel, documents: int, score: Score, requested: float | None, x: Exchange
+    pairs: Pairs,
+    model: ServedModel,
+    documents: int,
+    score: Score,
+    requested: float | None,
+    x: Exchange,
+    budget_ms: float | None = None,
 ) -> Ranked:
-    """The documents ranked by `model`, or by the ranking cascade where it has a cross-encoder teacher."""
+    """The documents ranked by `model`, or by the ranking cascade where it has a cross-encoder teacher;
+    `budget_ms`: the request's own cascade budget (service.cascade's; default the server's)."""
     every = range(documents)
     pair = pairs.pair_of(model)
     if pair is None or not pair.ranking:  # `model` ranks (who embedded what, its scoring says in x)
@@ -63,7 +70,7 @@ async def rank(
     if pairs.teacher_directly(pair, requested):  # at its calibration the cascade costs more than the teacher
         pair.inputs.inc(documents)
         theirs = await pairs.from_teacher(
-            pair, documents, lambda: score(teacher, every, x), x, pairs.budget_from_now()
+            pair, documents, lambda: score(teacher, every, x), x, pairs.budget_from_now(budget_ms), budget_ms
         )
         if theirs is not None:
             pair.fallbacks.inc(documents)
@@ -81,7 +88,9 @@ async def rank(
         near = []
     scores, scored_by = list(mine), [model.name] * documents
     if near:
-        theirs = await pairs.from_teacher(pair, len(near), lambda: score(teacher, near, x), x, began)
+        theirs = await pairs.from_teacher(
+            pair, len(near), lambda: score(teacher, near, x), x, began, budget_ms
+        )
         if theirs is None:  # the teacher could not take them: the student's ranking stands
             near = []
         else:

@@ -103,6 +103,17 @@ class TeiEmbeddingRequest(TeiRequest):
         return self
 
 
+CascadeBudget = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        description="How long this request may take, from when its engine work begins, before the "
+        "teacher starts on its unsure inputs; past it the student's answers stand "
+        "(X-Distilserve-Teacher-Busy). Default: the server's DISTILSERVE_CASCADE_BUDGET_MS.",
+    ),
+]
+
+
 class CascadeRequest(ModelRequest):
     """A request a student may hand in part to its teacher (service.cascade)."""
 
@@ -113,13 +124,7 @@ class CascadeRequest(ModelRequest):
         description="Inputs whose best answer scores below this go to the student's teacher; default: the "
         "pair's calibrated threshold (0: the student answers everything). No effect without a teacher.",
     )
-    cascade_budget_ms: float | None = Field(
-        None,
-        gt=0,
-        description="How long this request may take, from when its engine work begins, before the "
-        "teacher starts on its unsure inputs; past it the student's answers stand "
-        "(X-Distilserve-Teacher-Busy). Default: the server's DISTILSERVE_CASCADE_BUDGET_MS.",
-    )
+    cascade_budget_ms: CascadeBudget = None
 
 
 @dataclass(frozen=True)

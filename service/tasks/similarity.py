@@ -37,7 +37,14 @@ from service.exchange import Exchange
 from service.ranking import Ranked, rank
 from service.tasks import retrieval
 from service.tasks.common import run_texts
-from service.tasks.contract import Collaborators, Endpoint, InvalidInputError, TeiEmbeddingRequest, Texts
+from service.tasks.contract import (
+    CascadeBudget,
+    Collaborators,
+    Endpoint,
+    InvalidInputError,
+    TeiEmbeddingRequest,
+    Texts,
+)
 from service.tasks.vectors import EMBEDDINGS, cosines
 
 if TYPE_CHECKING:
@@ -73,6 +80,7 @@ class RerankRequest(BaseModel):
         "relevance logit is within this of the student's best; default: the pair's calibrated margin (0: "
         "the student ranks alone). No effect without a teacher.",
     )
+    cascade_budget_ms: CascadeBudget = None  # the documents the teacher reads again are its unsure inputs
 
     def ranked(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
@@ -240,6 +248,7 @@ async def _ranked(
     documents: tuple[str, list[str]],
     truncate: bool | None,
     margin: float | None,
+    budget_ms: float | None,
     c: Collaborators,
     x: Exchange,
 ) -> tuple[Ranked, int]:
@@ -253,7 +262,7 @@ async def _ranked(
         tokens += 0 if exchange.shadow else read
         return found
 
-    ranked = await rank(c.pairs, model, len(documents[1]), score, margin, x)
+    ranked = await rank(c.pairs, model, len(documents[1]), score, margin, x, budget_ms)
     return ranked, tokens
 
 
@@ -266,7 +275,8 @@ async def handle_rerank(body: RerankRequest, x: Exchange, c: Collaborators) -> R
     texts = body.ranked()
     model = ranking_model(body.model, c, x)
     query = ("query", body.query)
-    ranked, tokens = await _ranked(model, query, ("documents", texts), None, body.cascade_margin, c, x)
+    cascade = body.cascade_margin, body.cascade_budget_ms
+    ranked, tokens = await _ranked(model, query, ("documents", texts), None, *cascade, c, x)
     results = [
         RerankResult(
             index=i, relevance_score=_shown(model, ranked.scores[i], False), model=ranked.scored_by[i]
@@ -293,7 +303,8 @@ async def handle_either(
     texts = body.texts
     model = ranking_model(body.model, c, x)
     query, documents = ("query", body.query), ("texts", texts)
-    ranked, _ = await _ranked(model, query, documents, body.truncate, body.cascade_margin, c, x)
+    cascade = body.cascade_margin, body.cascade_budget_ms
+    ranked, _ = await _ranked(model, query, documents, body.truncate, *cascade, c, x)
     ranks = [
         TeiRank(index=i, score=_shown(model, ranked.scores[i], body.raw_scores), model=ranked.scored_by[i])
         for i in ranked.order[: body.top_n or len(texts)]

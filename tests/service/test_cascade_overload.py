@@ -278,25 +278,42 @@ def test_a_teacher_that_answers_directly_hands_over_to_the_student_when_full(tea
     run_with_client(settings_for(teacher_directly), body, held)
 
 
-def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(ranking_pair: dict[str, Path]) -> None:
+@pytest.mark.parametrize("whose", ["server", "request"])
+def test_a_ranking_cascade_past_its_budget_keeps_the_students_order(
+    whose: str, ranking_pair: dict[str, Path]
+) -> None:
+    """The server's budget, or one the request brings (Cohere's /v1/rerank and TEI's /rerank alike)."""
     held = HeldTeacher("ranker-teacher")
     documents = ["Acme was founded by John Smith.", "Springfield is a city.", "It rained all day."]
-    body = {"model": "ranker", "query": "Who founded Acme?", "documents": documents}
+    own = {"cascade_budget_ms": 200} if whose == "request" else {}
+    cohere = {"model": "ranker", "query": "Who founded Acme?", "documents": documents} | own
+    tei = {"model": "ranker", "query": "Who founded Acme?", "texts": documents} | own
 
     async def body_of(client: httpx.AsyncClient) -> None:
-        alone = (await client.post("/v1/rerank", json=body | {"cascade_margin": 0.0})).json()["results"]
+        alone = (await client.post("/v1/rerank", json=cohere | {"cascade_margin": 0.0})).json()["results"]
         held.hold()
-        r = await client.post("/v1/rerank", json=body | {"cascade_margin": 100.0})  # every one to the teacher
+        # every document to the teacher
+        r = await client.post("/v1/rerank", json=cohere | {"cascade_margin": 100.0})
         assert r.status_code == 200, r.text
         assert r.json()["results"] == alone and {d["model"] for d in r.json()["results"]} == {"ranker"}
         assert r.headers["x-distilserve-answered-by"] == "ranker"
         assert r.headers["x-distilserve-teacher-busy"] == str(len(documents))
+        r = await client.post("/rerank", json=tei | {"cascade_margin": 100.0})
+        assert r.status_code == 200, r.text
+        assert [d["index"] for d in r.json()] == [d["index"] for d in alone]
+        assert r.headers["x-distilserve-teacher-busy"] == str(len(documents))
         text = (await client.get("/metrics")).text
         late = metric_value(text, "distilserve_cascade_kept_total", model="ranker", reason="late")
-        assert late == len(documents)
+        assert late == 2 * len(documents)
         held.release()
 
-    settings = Settings(model_repository=ranking_pair["repository"], max_wait_ms=0, cascade_budget_ms=200)
+    budget = 200 if whose == "server" else None
+    settings = Settings(
+        model_repository=ranking_pair["repository"],
+        max_wait_ms=0,
+        cascade_budget_ms=budget,
+        request_timeout_s=120,  # past the held teacher's 60 s: only a budget ends these requests early
+    )
     run_with_client(settings, body_of, held)
 
 
