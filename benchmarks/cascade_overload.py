@@ -13,7 +13,10 @@ open loop (benchmarks.open_loop: Poisson arrivals, one eval input a request draw
   full) and 504s (the request's deadline) reach clients whose student had answered;
 - `student` (the default): the student's answers stand where the teacher's queue is full or the deadline
   passed;
-- `budget:MS`: and where the teacher has not answered within MS (DISTILSERVE_CASCADE_BUDGET_MS).
+- `budget:MS`: and where the teacher has not answered within MS (DISTILSERVE_CASCADE_BUDGET_MS);
+- `split:MS`: two kinds of client on one pair, as `student` serves them: half the requests bring their own
+  `cascade_budget_ms` of MS (a client that wants an answer fast), half none (one that wants the teacher's
+  where the student is unsure); each half is a point of its own ("split:MS budget", "split:MS none").
 Per point: the share answered (200) and the rest by status; p50 and p99 of every request (an error at the
 time it came back); over the answered ones, agreement with the teacher alone, quality (accuracy; QA: F1), the
 share the teacher answered and the share kept (the student's answer below the threshold: the teacher was
@@ -33,7 +36,7 @@ from rich.console import Console
 
 from benchmarks.cascade import served_pass, served_threshold
 from benchmarks.cascade_eval import EvalSet, classification_set, qa_set
-from benchmarks.open_loop import Reply, open_loop
+from benchmarks.open_loop import Reply, latency_ms, open_loop
 from benchmarks.plots import saved_figure
 from benchmarks.servers import serve
 from benchmarks.wrk_load import load as wrk_load
@@ -69,8 +72,55 @@ def mode_env(mode: str) -> dict[str, str]:
     if mode == "student":
         return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
     if mode.startswith("budget:"):
-        return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": mode[7:]}
-    raise typer.BadParameter(f"unknown mode {mode!r}: refuse, student or budget:MS", param_hint="--modes")
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": f"{budget(mode):g}"}
+    if mode.startswith("split:"):
+        budget(mode)
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
+    raise typer.BadParameter(
+        f"unknown mode {mode!r}: refuse, student, budget:MS or split:MS", param_hint="--modes"
+    )
+
+
+def budget(mode: str) -> float:
+    """The MS of `budget:MS` and `split:MS`: a positive number of milliseconds."""
+    try:
+        found = float(mode.split(":", 1)[1])
+    except ValueError:
+        found = 0.0
+    if found <= 0:
+        raise typer.BadParameter(f"{mode!r}: the budget is a positive number of ms", param_hint="--modes")
+    return found
+
+
+def request_bodies(data: EvalSet, student: str, mode: str) -> list[str]:
+    """One body per eval input; for `split:MS`, then each again with its own budget of MS (the second
+    half: a reply's `body` // the inputs is the kind of client)."""
+    plain = [data.one(item, student, None) for item in data.items]
+    if not mode.startswith("split:"):
+        return plain
+    hurried = [json.dumps(json.loads(b) | {"cascade_budget_ms": budget(mode)}) for b in plain]
+    return plain + hurried
+
+
+def points_of(
+    mode: str,
+    load: float,
+    rate: float,
+    replies: list[Reply],
+    data: EvalSet,
+    teacher_answers: list[str],
+    student: str,
+    threshold: float,
+) -> list[Point]:
+    """One run's point, or a `split:` run's two: the clients with a budget, and those without."""
+    n = len(data.items)
+    if not mode.startswith("split:"):
+        return [point(mode, load, rate, replies, data, teacher_answers, student, threshold)]
+    kinds = (("none", [r for r in replies if r.body < n]), ("budget", [r for r in replies if r.body >= n]))
+    return [
+        point(f"{mode} {kind}", load, rate / 2, mine, data, teacher_answers, student, threshold)
+        for kind, mine in kinds
+    ]
 
 
 def server_settings(env: str) -> dict[str, str]:
@@ -98,18 +148,19 @@ def point(
     load: float,
     offered_rps: float,
     replies: list[Reply],
-    stats: dict[str, float],
     data: EvalSet,
     teacher_answers: list[str],
     student: str,
     threshold: float,
 ) -> Point:
-    """What the clients of one run got."""
+    """What the clients of one run got (a reply's `body` modulo the eval inputs is its input)."""
+    n = len(data.items)
     answered = [r for r in replies if r.status == 200]
     read = [data.read(json.loads(r.answer)) for r in answered]
     answers = [answer for answer, _, _ in read]
-    agreed = [answer == teacher_answers[r.body] for answer, r in zip(answers, answered, strict=True)]
-    quality = data.quality(answers, [data.gold[r.body] for r in answered]) if answered else 0.0
+    agreed = [answer == teacher_answers[r.body % n] for answer, r in zip(answers, answered, strict=True)]
+    quality = data.quality(answers, [data.gold[r.body % n] for r in answered]) if answered else 0.0
+    latency = latency_ms([r.latency_s for r in replies])
     teacher = sum(by != student for _, _, by in read)
     kept = sum(by == student and score < threshold for _, score, by in read)
     share = len(answered) or 1
@@ -120,8 +171,8 @@ def point(
         requests=len(replies),
         answered=len(answered) / max(1, len(replies)),
         statuses=dict(Counter(str(r.status) for r in replies if r.status != 200)),
-        p50_ms=stats["p50_ms"],
-        p99_ms=stats["p99_ms"],
+        p50_ms=latency["p50_ms"],
+        p99_ms=latency["p99_ms"],
         agreement=sum(agreed) / share,
         quality=quality,
         by_teacher=teacher / share,
@@ -176,7 +227,9 @@ def main(
     student: Annotated[str, typer.Option(help="The student's name.")],
     eval_data: Annotated[Path, typer.Option("--eval", help="Its eval split (JSONL, or SQuAD for QA).")],
     loads: Annotated[str, typer.Option(help="Offered loads, as multiples of the capacity.")] = "0.5,1,1.5,2",
-    modes: Annotated[str, typer.Option(help="refuse, student, budget:MS.")] = "refuse,student,budget:50",
+    modes: Annotated[
+        str, typer.Option(help="refuse, student, budget:MS, split:MS.")
+    ] = "refuse,student,budget:50",
     seconds: Annotated[float, typer.Option(min=1)] = 15,
     connections: Annotated[int, typer.Option(min=1, help="Most requests in flight at once.")] = 512,
     capacity_connections: Annotated[int, typer.Option(min=1)] = 64,
@@ -187,7 +240,7 @@ def main(
     common, offered, chosen = server_settings(env), multiples(loads), [m.strip() for m in modes.split(",")]
     for mode in chosen:
         mode_env(mode)  # an unknown one is refused before anything runs
-    bodies = [data.one(item, student, None) for item in data.items]
+    bodies = request_bodies(data, student, "student")  # one body an input, for the capacity
     with serve(repository, common) as base:
         threshold = served_threshold(base, student)
         teacher = f"{student}-teacher"
@@ -200,12 +253,15 @@ def main(
     for load in offered:
         for mode in chosen:
             rate = load * capacity
+            sent = request_bodies(data, student, mode)
             with serve(repository, {**common, **mode_env(mode)}) as base:
-                open_loop(base, data.path, bodies, min(rate, capacity / 2), 3, connections)  # warm-up
+                open_loop(base, data.path, sent, min(rate, capacity / 2), 3, connections)  # warm-up
                 replies: list[Reply] = []
-                stats = open_loop(base, data.path, bodies, rate, seconds, connections, replies)
-            points.append(point(mode, load, rate, replies, stats, data, teacher_answers, student, threshold))
-            print(report(points[-1:], capacity, data, student, seconds).splitlines()[-1], flush=True)
+                open_loop(base, data.path, sent, rate, seconds, connections, replies)
+            found = points_of(mode, load, rate, replies, data, teacher_answers, student, threshold)
+            points.extend(found)
+            for line in report(found, capacity, data, student, seconds).splitlines()[-len(found) :]:
+                print(line, flush=True)
     text = report(points, capacity, data, student, seconds)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"cascade-overload-{student}"

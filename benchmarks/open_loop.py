@@ -114,13 +114,22 @@ async def _open_loop(
     wall = time.perf_counter() - started
     while not pool.empty():  # closed here: left to the garbage collector, they stay open on the server
         pool.get_nowait()[1].close()
-    ordered = sorted(latencies)
     return {
         "offered_rps": len(tasks) / seconds,
         "served_rps": len(tasks) / wall,
+        **latency_ms(latencies),
+        "errors": errors,
+    }
+
+
+def latency_ms(latencies_s: list[float]) -> dict[str, float]:
+    """p50 and p99 of latencies in seconds, in ms (p99: the value 99 % of them do not exceed)."""
+    ordered = sorted(latencies_s)
+    if not ordered:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan")}
+    return {
         "p50_ms": 1000 * statistics.median(ordered),
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "errors": errors,
     }
 
 
