@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -51,6 +52,8 @@ class LoadResult:
 
 
 def wrk(base: str, path: str, bodies: list[str], connections: int, seconds: int) -> dict[str, Any]:
+    if shutil.which("wrk") is None:
+        raise RuntimeError("wrk is not on PATH: `apt-get install wrk` (`make bench` installs it)")
     with tempfile.TemporaryDirectory() as tmp:
         script, body_file = Path(tmp) / "bench.lua", Path(tmp) / "bodies.jsonl"
         script.write_text(WRK_SCRIPT)
