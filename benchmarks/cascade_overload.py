@@ -72,7 +72,8 @@ def mode_env(mode: str) -> dict[str, str]:
     if mode == "student":
         return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
     if mode.startswith("budget:"):
-        return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": f"{budget(mode):g}"}
+        ms = f"{budget(mode):g}"
+        return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": ms}
     if mode.startswith("split:"):
         budget(mode)
         return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
