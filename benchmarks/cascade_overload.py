@@ -16,7 +16,8 @@ open loop (benchmarks.open_loop: Poisson arrivals, one eval input a request draw
 - `budget:MS`: and where the teacher has not answered within MS (DISTILSERVE_CASCADE_BUDGET_MS);
 - `split:MS`: two kinds of client on one pair, as `student` serves them: half the requests bring their own
   `cascade_budget_ms` of MS (a client that wants an answer fast), half none (one that wants the teacher's
-  where the student is unsure); each half is a point of its own ("split:MS budget", "split:MS none").
+  where the student is unsure); each half is a point of its own ("split:MS budget", "split:MS none");
+- `first:MS`: the same two kinds, the hurried half also with `priority: -1`, ahead in the queues.
 Per point: the share answered (200) and the rest by status; p50 and p99 of every request (an error at the
 time it came back); over the answered ones, agreement with the teacher alone, quality (accuracy; QA: F1), the
 share the teacher answered and the share kept (the student's answer below the threshold: the teacher was
@@ -44,6 +45,7 @@ from common.cli import cli_app
 from common.progress import ProgressLog
 
 console = Console(stderr=True)
+SPLIT_MODES = ("split:", "first:")  # two kinds of client on one server
 app = cli_app(help=__doc__)
 
 
@@ -74,16 +76,16 @@ def mode_env(mode: str) -> dict[str, str]:
     if mode.startswith("budget:"):
         ms = f"{budget(mode):g}"
         return {"DISTILSERVE_CASCADE_OVERLOAD": "student", "DISTILSERVE_CASCADE_BUDGET_MS": ms}
-    if mode.startswith("split:"):
+    if mode.startswith(SPLIT_MODES):
         budget(mode)
         return {"DISTILSERVE_CASCADE_OVERLOAD": "student"}
     raise typer.BadParameter(
-        f"unknown mode {mode!r}: refuse, student, budget:MS or split:MS", param_hint="--modes"
+        f"unknown mode {mode!r}: refuse, student, budget:MS, split:MS or first:MS", param_hint="--modes"
     )
 
 
 def budget(mode: str) -> float:
-    """The MS of `budget:MS` and `split:MS`: a positive number of milliseconds."""
+    """The MS of `budget:MS`, `split:MS` and `first:MS`: a positive number of milliseconds."""
     try:
         found = float(mode.split(":", 1)[1])
     except ValueError:
@@ -94,12 +96,15 @@ def budget(mode: str) -> float:
 
 
 def request_bodies(data: EvalSet, student: str, mode: str) -> list[str]:
-    """One body per eval input; for `split:MS`, then each again with its own budget of MS (the second
-    half: a reply's `body` // the inputs is the kind of client)."""
+    """One body per eval input; for `split:MS` and `first:MS`, then each again with its own budget of MS
+    (and for `first:`, priority -1): the second half, a reply's `body` // the inputs is its kind of client."""
     plain = [data.one(item, student, None) for item in data.items]
-    if not mode.startswith("split:"):
+    if not mode.startswith(SPLIT_MODES):
         return plain
-    hurried = [json.dumps(json.loads(b) | {"cascade_budget_ms": budget(mode)}) for b in plain]
+    hurry: dict[str, float] = {"cascade_budget_ms": budget(mode)}
+    if mode.startswith("first:"):
+        hurry["priority"] = -1
+    hurried = [json.dumps(json.loads(b) | hurry) for b in plain]
     return plain + hurried
 
 
@@ -113,9 +118,9 @@ def points_of(
     student: str,
     threshold: float,
 ) -> list[Point]:
-    """One run's point, or a `split:` run's two: the clients with a budget, and those without."""
+    """One run's point, or a `split:`/`first:` run's two: the clients with a budget, and those without."""
     n = len(data.items)
-    if not mode.startswith("split:"):
+    if not mode.startswith(SPLIT_MODES):
         return [point(mode, load, rate, replies, data, teacher_answers, student, threshold)]
     kinds = (("none", [r for r in replies if r.body < n]), ("budget", [r for r in replies if r.body >= n]))
     return [
@@ -229,7 +234,7 @@ def main(
     eval_data: Annotated[Path, typer.Option("--eval", help="Its eval split (JSONL, or SQuAD for QA).")],
     loads: Annotated[str, typer.Option(help="Offered loads, as multiples of the capacity.")] = "0.5,1,1.5,2",
     modes: Annotated[
-        str, typer.Option(help="refuse, student, budget:MS, split:MS.")
+        str, typer.Option(help="refuse, student, budget:MS, split:MS, first:MS.")
     ] = "refuse,student,budget:50",
     seconds: Annotated[float, typer.Option(min=1)] = 15,
     connections: Annotated[int, typer.Option(min=1, help="Most requests in flight at once.")] = 512,

@@ -72,3 +72,4 @@ class Pending(Generic[T, R]):
     taken: bool = False
     timing: ItemTiming | None = None
     shadow: bool = False  # lowest priority (see the module's docstring)
+    priority: int = 0  # a client item's: the lowest present leads the next batch (service.batching)

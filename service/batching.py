@@ -5,7 +5,12 @@ busy; cap a batch by count and by padded tokens; group similar lengths; bound th
 deadline passed or whose caller went away before compute; run the engine off the event loop, up to
 `concurrency` batches at once (Triton's instance count), each engine thread taking its own next batch.
 
-Shadow items (a teacher checking its student's answers, service.cascade) have the lowest priority, across
+A client item carries its request's `priority` (vLLM's meaning: lower first, default 0): each batch is chosen
+among the client items of the lowest priority queued, oldest first, so a request that asks for it passes
+ahead of earlier work in the student's queue and its unsure inputs in the teacher's; lower priorities can wait
+indefinitely behind a steady stream of higher ones, until their deadline answers them.
+
+Shadow items (a teacher checking its student's answers, service.shadow) have the lowest priority, across
 every model of the engine (they share its cores: a teacher's shadow batch slows its student's clients as
 much as its own): one is refused at once while a batch's worth of client work waits in any batcher of the
 `ClientWork` group; shadows never share a batch with client items (on a CPU every row a batch carries
@@ -161,11 +166,16 @@ class MicroBatcher(Generic[T, R]):
             raise QueueFullError(self._retry_after_s())
 
     async def submit(
-        self, item: T, timeout_s: float | None = None, timing: ItemTiming | None = None, shadow: bool = False
+        self,
+        item: T,
+        timeout_s: float | None = None,
+        timing: ItemTiming | None = None,
+        shadow: bool = False,
+        priority: int = 0,
     ) -> R:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        pending = self._enqueue(item, future, timeout_s, timing, shadow)
+        pending = self._enqueue(item, future, timeout_s, timing, shadow, priority)
         # One timer, not wait_for(shield(...)): those cost two extra futures and a task switch per item.
         timer = None if timeout_s is None else loop.call_later(timeout_s, self._expire, pending, timeout_s)
         try:
@@ -186,11 +196,12 @@ class MicroBatcher(Generic[T, R]):
         timeout_s: float | None = None,
         timing: ItemTiming | None = None,
         shadow: bool = False,
+        priority: int = 0,
     ) -> Ticket[R]:
         """Queue `item` and call `callback(result, None)` or `callback(None, error)` on the loop when it is
         done: `submit` without a task or a future (the engine core answers each request this way)."""
         ticket: Ticket[R] = Ticket(callback)
-        ticket.pending = self._enqueue(item, ticket, timeout_s, timing, shadow)
+        ticket.pending = self._enqueue(item, ticket, timeout_s, timing, shadow, priority)
         if timeout_s is not None:
             loop = asyncio.get_running_loop()
             ticket.timer = loop.call_later(timeout_s, self._expire, ticket.pending, timeout_s)
@@ -209,6 +220,7 @@ class MicroBatcher(Generic[T, R]):
         timeout_s: float | None,
         timing: ItemTiming | None,
         shadow: bool = False,
+        priority: int = 0,
     ) -> Pending[T, R]:
         if self._closing:
             raise BatcherClosedError("the server is shutting down and takes no new work")
@@ -226,6 +238,7 @@ class MicroBatcher(Generic[T, R]):
             seq=next(self._seq),
             timing=timing,
             shadow=shadow,
+            priority=priority,
         )
         with self._work:
             if self._closing:  # again under the lock: engine threads stop once they see it and no work
@@ -329,8 +342,19 @@ class MicroBatcher(Generic[T, R]):
         policy = self.policy
         if self._planner is None:
             return BatchCaps(policy.max_batch_size, policy.max_batch_tokens, policy.max_wait_s)
-        oldest = next((p for p in self._queue if not p.shadow), self._queue[0])
+        pool = self._leading()
+        oldest = self._queue[pool[0]]
         return self._planner.caps(policy, time.monotonic() - oldest.enqueued_at, oldest.cost)
+
+    def _leading(self) -> list[int]:
+        """Indices of the items the next batch is chosen from, oldest first: the client items of the lowest
+        priority queued, or the shadows when no client waits (the lock is held)."""
+        items = self._queue
+        client = [i for i, p in enumerate(items) if not p.shadow]
+        if not client:
+            return list(range(len(items)))
+        first = min(items[i].priority for i in client)
+        return [i for i in client if items[i].priority == first]
 
     def _wait_for_fuller_batch(self, caps: BatchCaps) -> None:
         """Under load only: give the queue up to max_wait to fill a batch (the lock is held)."""
@@ -342,8 +366,8 @@ class MicroBatcher(Generic[T, R]):
 
     def _take_batch(self, caps: BatchCaps) -> list[Pending[T, R]]:
         items = self._queue
-        client = [i for i, p in enumerate(items) if not p.shadow]
-        pool = client if client else list(range(len(items)))  # shadows alone only when no client waits
+        pool = self._leading()  # shadows alone only when no client waits
+        client = not items[pool[0]].shadow
         indices = [
             pool[j]
             for j in select_batch(

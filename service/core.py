@@ -108,6 +108,7 @@ class RowsRequest:
                     self.message.timeout_s,
                     self.timings[i],
                     self.message.shadow,
+                    self.message.priority,
                 )
                 self.tickets.append(ticket)
         except BaseException:

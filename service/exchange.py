@@ -67,6 +67,7 @@ class Exchange:
     teacher_busy: int = 0  # unsure inputs whose student answer stood: the teacher could not take them
     start_by_s: float | None = None  # time.monotonic() by which engine work must start, else a 504 (a budget)
     shadow: bool = False  # a teacher's check of its student's answers, off any client's path
+    priority: int = 0  # the client's: lower goes first in the engine's queues (service.batching)
     phases: list[Phase] | None = None  # a sampled request's stretches (None: not traced, nothing recorded)
     engine_done_s: float | None = None  # when its last engine work came back (post-processing starts)
     stream_error: str | None = None  # a stream that failed after its 200 was sent: a server failure

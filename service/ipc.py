@@ -108,6 +108,7 @@ class Encode(msgspec.Struct, tag=True, array_like=True):
     lengths: list[int]
     shadow: bool = False  # lowest priority: a teacher checking its student (service.batching)
     traced: bool = False  # a sampled request's: its engine calls get spans (service.tracing)
+    priority: int = 0  # the client's: lower first among client rows (service.batching)
 
 
 class Generate(msgspec.Struct, tag=True, array_like=True):
@@ -298,11 +299,12 @@ def encode_request(
     rows: Sequence[EncodedText],
     shadow: bool = False,
     traced: bool = False,
+    priority: int = 0,
 ) -> Frames:
     lengths = [len(r) for r in rows]
     ids = np.concatenate([r.input_ids for r in rows]) if len(rows) > 1 else rows[0].input_ids
     types = np.concatenate([r.type_ids for r in rows]) if len(rows) > 1 else rows[0].type_ids
-    header = Encode(request_id, model, version, timeout_s, lengths, shadow, traced)
+    header = Encode(request_id, model, version, timeout_s, lengths, shadow, traced, priority)
     return pack(header, ids.astype(np.int64, copy=False), types.astype(np.int64, copy=False))
 
 

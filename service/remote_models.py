@@ -38,9 +38,10 @@ class RemoteEncoder:
         timings: list[ItemTiming],
         shadow: bool = False,
         traced: bool = False,
+        priority: int = 0,
     ) -> list[Outputs]:
         try:
-            return await self._run(rows, timeout_s, timings, shadow, traced)
+            return await self._run(rows, timeout_s, timings, shadow, traced, priority)
         except ModelRetiredError:
             # Unloaded since this request chose it (it chose another model in between: a cascade's teacher,
             # a reader after its embedder): the version now served in its place answers, when the request's
@@ -48,7 +49,7 @@ class RemoteEncoder:
             successor = self.engine.successor(self.manifest)
             if successor is None or successor.encoding is None:
                 raise
-            return await successor.encoding.run(rows, timeout_s, timings, shadow, traced)
+            return await successor.encoding.run(rows, timeout_s, timings, shadow, traced, priority)
 
     async def _run(
         self,
@@ -57,12 +58,15 @@ class RemoteEncoder:
         timings: list[ItemTiming],
         shadow: bool,
         traced: bool,
+        priority: int,
     ) -> list[Outputs]:
         engine = self.engine
         request_id = engine.next_id()
         future = engine.expect(request_id, self._hop)
         try:
-            sent = ipc.encode_request(request_id, self.model, self.version, timeout_s, rows, shadow, traced)
+            sent = ipc.encode_request(
+                request_id, self.model, self.version, timeout_s, rows, shadow, traced, priority
+            )
             engine.send(sent)
         except BaseException:
             engine.forget(request_id)

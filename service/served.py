@@ -40,11 +40,13 @@ class EncoderHandle(Protocol):
         timings: list[ItemTiming],
         shadow: bool = False,
         traced: bool = False,
+        priority: int = 0,
     ) -> list[Outputs]:
         """Every row's outputs, all or none: a 429 or 504 for one leaves none queued. `timings` gets
         one entry per row (queue wait, engine time, which engine call) as they become known. `shadow`:
         the lowest priority, refused or dropped first under load (service.batching). `traced`: a sampled
-        request's rows, whose engine calls get spans; each row's timing then names its call's span."""
+        request's rows, whose engine calls get spans; each row's timing then names its call's span.
+        `priority`: the client's, lower first among client rows."""
         ...
 
 
@@ -147,14 +149,15 @@ class LocalEncoder:
         timings: list[ItemTiming],
         shadow: bool = False,
         traced: bool = False,
+        priority: int = 0,
     ) -> list[Outputs]:
         if len(rows) == 1:  # the common case: no task per row
             timings.append(ItemTiming(traced=traced))
-            return [await self.batcher.submit(rows[0], timeout_s, timings[-1], shadow)]
+            return [await self.batcher.submit(rows[0], timeout_s, timings[-1], shadow, priority)]
         self.batcher.check_room(len(rows))  # QueueTooSmallError, QueueFullError: before anything queues
         timings.extend(ItemTiming(traced=traced) for _ in rows)
         return await all_or_none(
-            self.batcher.submit(row, timeout_s, timing, shadow)
+            self.batcher.submit(row, timeout_s, timing, shadow, priority)
             for row, timing in zip(rows, timings[-len(rows) :], strict=True)
         )
 

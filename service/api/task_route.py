@@ -96,7 +96,9 @@ class TaskRoute(APIRoute):
         async def handle(request: Request) -> Response:
             c = await json_collaborators(request)  # 415 before the body is read
             parsed = parse_body(body, await request.body())
-            work = spec.handle(parsed, exchange_of(request.scope), c)
+            x = exchange_of(request.scope)
+            x.priority = getattr(parsed, "priority", 0)  # the request's place in the engine's queues
+            work = spec.handle(parsed, x, c)
             result = await until_disconnect(request.scope, request.receive, work)
             if isinstance(result, EventStream):
                 return StreamingResponse(result.chunks, media_type="text/event-stream", headers=SSE_HEADERS)

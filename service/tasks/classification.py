@@ -38,6 +38,7 @@ from service.tasks.contract import (
     Endpoint,
     EngineAsks,
     InvalidInputError,
+    Priority,
     ServedTask,
     TeiRequest,
     Texts,
@@ -123,6 +124,7 @@ class PredictRequest(TeiRequest):
     cascade_budget_ms: float | None = Field(
         None, gt=0, description="As /v1/classify's: past it a student's unsure texts keep its answers."
     )
+    priority: Priority = 0
 
 
 class Prediction(TypedDict):

@@ -191,7 +191,8 @@ async def run_all(
     if x.start_by_s is not None:  # a budget (a cascade's teacher): rows not started by then are dropped
         timeout_s = max(0.0, min(timeout_s, x.start_by_s - time.monotonic()))
     try:
-        return await model.encoding.run(items, timeout_s, timings, x.shadow, traced=x.phases is not None)
+        traced = x.phases is not None
+        return await model.encoding.run(items, timeout_s, timings, x.shadow, traced, x.priority)
     except QueueTooSmallError as e:
         raise InvalidInputError(f"this request needs {e} (DISTILSERVE_MAX_QUEUE)") from None
     finally:

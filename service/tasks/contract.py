@@ -114,6 +114,18 @@ CascadeBudget = Annotated[
 ]
 
 
+Priority = Annotated[
+    int,
+    Field(
+        ge=-1000,
+        le=1000,
+        description="Where this request's engine work stands in the queues, as vLLM's `priority`: lower "
+        "goes first (default 0); within one priority, first come first served. A student's unsure inputs "
+        "keep it at the teacher's queue.",
+    ),
+]
+
+
 class CascadeRequest(ModelRequest):
     """A request a student may hand in part to its teacher (service.cascade)."""
 
@@ -125,6 +137,7 @@ class CascadeRequest(ModelRequest):
         "pair's calibrated threshold (0: the student answers everything). No effect without a teacher.",
     )
     cascade_budget_ms: CascadeBudget = None
+    priority: Priority = 0
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from service.tasks.contract import (
     Collaborators,
     Endpoint,
     InvalidInputError,
+    Priority,
     TeiEmbeddingRequest,
     Texts,
 )
@@ -81,6 +82,7 @@ class RerankRequest(BaseModel):
         "the student ranks alone). No effect without a teacher.",
     )
     cascade_budget_ms: CascadeBudget = None  # the documents the teacher reads again are its unsure inputs
+    priority: Priority = 0
 
     def ranked(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]

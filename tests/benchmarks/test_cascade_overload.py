@@ -71,7 +71,9 @@ def test_split_sends_each_input_with_and_without_a_budget_and_reports_each_kind(
     bodies = [json.loads(b) for b in request_bodies(data, "s", "split:25")]
     assert len(bodies) == 8 and [b["inputs"] for b in bodies[:4]] == [b["inputs"] for b in bodies[4:]]
     assert all("cascade_budget_ms" not in b for b in bodies[:4])
-    assert all(b["cascade_budget_ms"] == 25 for b in bodies[4:])
+    assert all(b["cascade_budget_ms"] == 25 and "priority" not in b for b in bodies[4:])
+    first = [json.loads(b) for b in request_bodies(data, "s", "first:25")]
+    assert all("priority" not in b for b in first[:4]) and all(b["priority"] == -1 for b in first[4:])
     labels, teacher = data.gold, data.gold  # a teacher that is always right
     replies = [
         Reply(1, 200, answer(labels[1], 0.6, "s-teacher"), 0.40),  # patient: waited for the teacher

@@ -184,6 +184,22 @@ def test_requests_through_two_frontends_meet_in_one_engine_batch(gated: Gated) -
     assert len({link.pid for link in links}) == 2  # three of the six came through each frontend
 
 
+def test_a_requests_priority_crosses_to_the_core_and_puts_it_first(gated: Gated) -> None:
+    """Queued behind three texts of priority 0, one text of priority -1 is the core's next engine call."""
+    base = gated.service.base_url
+    with ThreadPoolExecutor(4) as pool:
+        done, occupier = occupy_engine(gated, pool)
+        ordinary = pool.submit(post, base, {"inputs": [TEXT["inputs"]] * 3}, "ordinary")
+        wait_until(lambda: gated.queued() == 3, 60, gated.queued)
+        hurried = pool.submit(post, base, {"inputs": TEXT["inputs"], "priority": -1}, "hurried")
+        wait_until(lambda: gated.queued() == 4, 60, gated.queued)
+        gated.release()
+        assert [f.result(timeout=60).status_code for f in (occupier, ordinary, hurried)] == [200] * 3
+    assert gated.calls()[done:] == [1, 1, 3]  # the occupier, the hurried text, then the three (else: 1, 4)
+    bad = httpx.post(f"{base}/v1/classify", json={"inputs": "fine", "priority": 1.5}, timeout=60)
+    assert bad.status_code == 422 and "priority" in bad.text
+
+
 # -- client disconnects --------------------------------------------------------------------------------------
 
 
