@@ -154,15 +154,18 @@ class MicroBatcher(Generic[T, R]):
     def client_queued(self) -> int:
         return len(self._queue) - self._shadow_queued
 
-    def check_room(self, count: int) -> None:
+    def check_room(self, count: int, priority: int = 0) -> None:
         """Refuse `count` items together unless the queue can hold them all (a request's windows or texts:
-        queueing some of them and refusing the rest computes for nobody)."""
+        queueing some of them and refusing the rest computes for nobody); shadows, and client items of a
+        higher priority value than `priority`, make room (`_evict_for`)."""
         if count > self.policy.max_queue:
             raise QueueTooSmallError(
                 f"{count} sequences at once; the queue holds at most {self.policy.max_queue}"
             )
-        full = len(self._queue) + count > self.policy.max_queue
-        if full and self.client_queued + count > self.policy.max_queue:  # shadows make room
+        if len(self._queue) + count <= self.policy.max_queue:
+            return
+        staying = sum(not p.shadow and p.priority <= priority for p in self._queue)
+        if staying + count > self.policy.max_queue:
             raise QueueFullError(self._retry_after_s())
 
     async def submit(
@@ -226,7 +229,7 @@ class MicroBatcher(Generic[T, R]):
             raise BatcherClosedError("the server is shutting down and takes no new work")
         if shadow:
             self._admit_shadow()
-        elif len(self._queue) >= self.policy.max_queue and not self._evict_shadow():
+        elif len(self._queue) >= self.policy.max_queue and not self._evict_for(priority):
             raise QueueFullError(self._retry_after_s())
         now = time.monotonic()
         pending = Pending(
@@ -260,14 +263,19 @@ class MicroBatcher(Generic[T, R]):
         ):
             raise QueueFullError(self._retry_after_s())
 
-    def _evict_shadow(self) -> bool:
-        """The queue is full: the newest still-queued shadow item leaves, refused, for a client item."""
+    def _evict_for(self, priority: int) -> bool:
+        """The queue is full: the newest still-queued shadow item leaves, refused (429), for a client item;
+        else the newest client item of a higher priority value than `priority`, so that the 429s of a full
+        queue fall on the work its clients said could wait."""
         with self._work:
-            victim = next((p for p in reversed(self._queue) if p.shadow and not p.taken), None)
+            queued = [p for p in reversed(self._queue) if not p.taken]
+            victim = next((p for p in queued if p.shadow), None) or next(
+                (p for p in queued if not p.shadow and p.priority > priority), None
+            )
             if victim is None:
                 return False
             self._queue.remove(victim)
-            self._shadow_queued -= 1
+            self._shadow_queued -= victim.shadow
         if not victim.future.done():
             victim.future.set_exception(QueueFullError(self._retry_after_s()))
         return True

@@ -253,7 +253,7 @@ class EngineCore:
                 raise ValueError(f"model {message.model!r} is not an encoder")
             rows = ipc.request_rows(message, frames)
             if len(rows) > 1:
-                batcher.check_room(len(rows))  # all or none: before anything queues
+                batcher.check_room(len(rows), message.priority)  # all or none: before anything queues
             request = RowsRequest(self, peer, message, batcher, len(rows))
             request.queue(rows)
         except Exception as e:

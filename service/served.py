@@ -154,7 +154,8 @@ class LocalEncoder:
         if len(rows) == 1:  # the common case: no task per row
             timings.append(ItemTiming(traced=traced))
             return [await self.batcher.submit(rows[0], timeout_s, timings[-1], shadow, priority)]
-        self.batcher.check_room(len(rows))  # QueueTooSmallError, QueueFullError: before anything queues
+        # QueueTooSmallError, QueueFullError: before anything queues
+        self.batcher.check_room(len(rows), priority)
         timings.extend(ItemTiming(traced=traced) for _ in rows)
         return await all_or_none(
             self.batcher.submit(row, timeout_s, timing, shadow, priority)

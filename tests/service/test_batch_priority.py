@@ -1,11 +1,13 @@
 """A client's priority in the micro-batcher: the lowest queued leads the next batch, first come first served
-within it, and shadows stay behind every client item (service.batching, `MicroBatcher._leading`)."""
+within it, shadows stay behind every client item, and a full queue refuses what could wait rather than an
+urgent arrival (service.batching: `MicroBatcher._leading`, `_evict_for`, `check_room`)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from service.batch_policy import BatchPolicy
+from service.batch_policy import BatchPolicy, QueueFullError
 from service.batching import MicroBatcher
 from tests.service.test_batching import FakeEngine, run
 
@@ -45,3 +47,30 @@ def test_without_priorities_the_batches_are_what_they_were() -> None:
 
     run(engine, BatchPolicy(max_batch_size=8), body)
     assert engine.batches == [["a0"], ["c0", "c1", "c2"]]
+
+
+def test_a_full_queue_refuses_the_newest_work_that_could_wait_not_a_more_urgent_arrival() -> None:
+    engine = FakeEngine()
+    engine.release.clear()
+
+    async def body(b: MicroBatcher[str, str]) -> tuple[list[Any], str, BaseException | None]:
+        running = asyncio.ensure_future(b.submit("r"))
+        await asyncio.sleep(0.05)  # r holds the engine
+        queued = [asyncio.ensure_future(b.submit(f"q{i}", priority=p)) for i, p in enumerate((0, 3, 3))]
+        await asyncio.sleep(0)  # the queue (3) is full
+        urgent = asyncio.ensure_future(b.submit("u", priority=-1))  # takes q2's place: newest of priority 3
+        await asyncio.sleep(0)
+        refused: BaseException | None = None
+        try:
+            b.check_room(2, priority=3)  # two rows of priority 3 find nothing that could make way
+        except QueueFullError as e:
+            refused = e
+        b.check_room(3, priority=-2)  # three more urgent than all queued: room, by displacing them
+        engine.release.set()
+        outcomes = await asyncio.gather(*queued, return_exceptions=True)
+        await running
+        return outcomes, await urgent, refused
+
+    outcomes, answer, refused = run(engine, BatchPolicy(max_batch_size=4, max_queue=3), body)
+    assert answer == "uu" and isinstance(refused, QueueFullError)
+    assert outcomes[:2] == ["q0q0", "q1q1"] and isinstance(outcomes[2], QueueFullError)
