@@ -38,7 +38,6 @@ from service.tasks.contract import (
     Endpoint,
     EngineAsks,
     InvalidInputError,
-    Priority,
     ServedTask,
     TeiRequest,
     Texts,
@@ -124,7 +123,6 @@ class PredictRequest(TeiRequest):
     cascade_budget_ms: float | None = Field(
         None, gt=0, description="As /v1/classify's: past it a student's unsure texts keep its answers."
     )
-    priority: Priority = 0
 
 
 class Prediction(TypedDict):

@@ -75,6 +75,18 @@ class ModelRequest(BaseModel):
     version: int | None = Field(None, ge=1, description="Pin a model version; default: the highest.")
 
 
+Priority = Annotated[
+    int,
+    Field(
+        ge=-1000,
+        le=1000,
+        description="Where this request's engine work stands in the queues, as vLLM's `priority`: lower "
+        "goes first (default 0); within one priority, first come first served. A student's unsure inputs "
+        "keep it at the teacher's queue.",
+    ),
+]
+
+
 class TeiRequest(BaseModel):
     """What text-embeddings-inference's requests share (/embed, /predict): its truncation fields; fields TEI
     knows and distilserve does not are ignored, as TEI ignores them."""
@@ -87,6 +99,7 @@ class TeiRequest(BaseModel):
         "DISTILSERVE_TRUNCATION.",
     )
     truncation_direction: Literal["right", "Right"] = Field("right", description="Only right is supported.")
+    priority: Priority = 0
 
 
 class TeiEmbeddingRequest(TeiRequest):
@@ -110,18 +123,6 @@ CascadeBudget = Annotated[
         description="How long this request may take, from when its engine work begins, before the "
         "teacher starts on its unsure inputs; past it the student's answers stand "
         "(X-Distilserve-Teacher-Busy). Default: the server's DISTILSERVE_CASCADE_BUDGET_MS.",
-    ),
-]
-
-
-Priority = Annotated[
-    int,
-    Field(
-        ge=-1000,
-        le=1000,
-        description="Where this request's engine work stands in the queues, as vLLM's `priority`: lower "
-        "goes first (default 0); within one priority, first come first served. A student's unsure inputs "
-        "keep it at the teacher's queue.",
     ),
 ]
 

@@ -32,6 +32,7 @@ from service.tasks.contract import (
     Collaborators,
     Endpoint,
     InvalidInputError,
+    Priority,
     ServedTask,
     TeiEmbeddingRequest,
     Texts,
@@ -76,6 +77,7 @@ class EmbeddingsRequest(BaseModel):
         None, ge=1, description="Keep the first N coordinates, normalised again (normalised models only)."
     )
     user: str | None = Field(None, description="Accepted and ignored.")
+    priority: Priority = 0  # vLLM's embeddings request has it too
 
 
 class EmbedRequest(TeiEmbeddingRequest):

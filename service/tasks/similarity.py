@@ -146,6 +146,7 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = Field(None, description="Model name; default: the first embedding model.")
+    priority: Priority = 0
     text_1: Texts = Field(..., description="A text, or a list of them.", examples=["A man plays guitar."])
     text_2: Texts = Field(
         ..., description="A text or a list: text_1's one text against each, or pair by pair."

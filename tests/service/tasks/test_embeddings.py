@@ -223,6 +223,17 @@ def test_v2_infer_gives_a_batch_of_float32_embeddings(client: TestClient, built:
 # -- bad input --------------------------------------------------------------------------------------------
 
 
+def test_a_priority_changes_the_queue_not_the_vectors(client: TestClient) -> None:
+    plain = client.post("/v1/embeddings", json={"input": TEXTS, "model": EMBED}).json()["data"]
+    first = client.post("/v1/embeddings", json={"input": TEXTS, "model": EMBED, "priority": -5}).json()
+    assert [d["embedding"] for d in first["data"]] == [d["embedding"] for d in plain]
+    tei = client.post("/embed", json={"inputs": TEXTS, "priority": 7})
+    assert tei.status_code == 200 and len(tei.json()) == len(TEXTS)
+    for path, body in (("/v1/embeddings", {"input": "film"}), ("/embed", {"inputs": "film"})):
+        bad = client.post(path, json={**body, "model": EMBED, "priority": 5000})
+        assert 400 <= bad.status_code < 500 and "priority" in bad.text
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
