@@ -1,10 +1,12 @@
 """What a batcher holds for each item: where its result goes (`Outcome`: an asyncio future, or a `Ticket`
-whose callback runs once) and its place in the queue (`Pending`: cost, deadline, order, priority)."""
+whose callback runs once) and its place in the queue (`Pending`: cost, deadline, order, priority), and the
+queue's order of precedence: which items the next batch is chosen from (`leading`), and which leave, or
+stay, when a full queue makes room (`evicted_for`, `staying_for`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -73,3 +75,26 @@ class Pending(Generic[T, R]):
     timing: ItemTiming | None = None
     shadow: bool = False  # lowest priority (see the module's docstring)
     priority: int = 0  # a client item's: the lowest present leads the next batch (service.batching)
+
+
+def leading(queue: Sequence[Pending[Any, Any]]) -> list[int]:
+    """Indices of the items the next batch is chosen from, oldest first: the client items of the lowest
+    priority value queued, or the shadows when no client waits."""
+    client = [i for i, p in enumerate(queue) if not p.shadow]
+    if not client:
+        return list(range(len(queue)))
+    first = min(queue[i].priority for i in client)
+    return [i for i in client if queue[i].priority == first]
+
+
+def evicted_for(queue: Sequence[Pending[T, R]], priority: int) -> Pending[T, R] | None:
+    """What leaves a full queue for a client item of `priority`: the newest still-queued shadow, else the
+    newest client item of a higher priority value (work its client said could wait), else nothing."""
+    queued = [p for p in reversed(queue) if not p.taken]
+    shadow = next((p for p in queued if p.shadow), None)
+    return shadow or next((p for p in queued if not p.shadow and p.priority > priority), None)
+
+
+def staying_for(queue: Sequence[Pending[Any, Any]], priority: int) -> int:
+    """Queued items that no arrival of `priority` can displace (`evicted_for`'s complement)."""
+    return sum(not p.shadow and p.priority <= priority for p in queue)

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from service.batch_items import Outcome, Pending, Ticket
+from service.batch_items import Outcome, Pending, Ticket, evicted_for, leading, staying_for
 from service.batch_policy import (
     BatchCaps,
     BatcherClosedError,
@@ -157,15 +157,14 @@ class MicroBatcher(Generic[T, R]):
     def check_room(self, count: int, priority: int = 0) -> None:
         """Refuse `count` items together unless the queue can hold them all (a request's windows or texts:
         queueing some of them and refusing the rest computes for nobody); shadows, and client items of a
-        higher priority value than `priority`, make room (`_evict_for`)."""
+        higher priority value than `priority`, make room (batch_items.evicted_for)."""
         if count > self.policy.max_queue:
             raise QueueTooSmallError(
                 f"{count} sequences at once; the queue holds at most {self.policy.max_queue}"
             )
         if len(self._queue) + count <= self.policy.max_queue:
             return
-        staying = sum(not p.shadow and p.priority <= priority for p in self._queue)
-        if staying + count > self.policy.max_queue:
+        if staying_for(self._queue, priority) + count > self.policy.max_queue:
             raise QueueFullError(self._retry_after_s())
 
     async def submit(
@@ -264,14 +263,10 @@ class MicroBatcher(Generic[T, R]):
             raise QueueFullError(self._retry_after_s())
 
     def _evict_for(self, priority: int) -> bool:
-        """The queue is full: the newest still-queued shadow item leaves, refused (429), for a client item;
-        else the newest client item of a higher priority value than `priority`, so that the 429s of a full
-        queue fall on the work its clients said could wait."""
+        """The queue is full: what batch_items.evicted_for picks leaves, refused (429), so that the 429s of
+        a full queue fall on shadows, then on the work its clients said could wait."""
         with self._work:
-            queued = [p for p in reversed(self._queue) if not p.taken]
-            victim = next((p for p in queued if p.shadow), None) or next(
-                (p for p in queued if not p.shadow and p.priority > priority), None
-            )
+            victim = evicted_for(self._queue, priority)
             if victim is None:
                 return False
             self._queue.remove(victim)
@@ -350,19 +345,8 @@ class MicroBatcher(Generic[T, R]):
         policy = self.policy
         if self._planner is None:
             return BatchCaps(policy.max_batch_size, policy.max_batch_tokens, policy.max_wait_s)
-        pool = self._leading()
-        oldest = self._queue[pool[0]]
+        oldest = self._queue[leading(self._queue)[0]]
         return self._planner.caps(policy, time.monotonic() - oldest.enqueued_at, oldest.cost)
-
-    def _leading(self) -> list[int]:
-        """Indices of the items the next batch is chosen from, oldest first: the client items of the lowest
-        priority queued, or the shadows when no client waits (the lock is held)."""
-        items = self._queue
-        client = [i for i, p in enumerate(items) if not p.shadow]
-        if not client:
-            return list(range(len(items)))
-        first = min(items[i].priority for i in client)
-        return [i for i in client if items[i].priority == first]
 
     def _wait_for_fuller_batch(self, caps: BatchCaps) -> None:
         """Under load only: give the queue up to max_wait to fill a batch (the lock is held)."""
@@ -374,7 +358,7 @@ class MicroBatcher(Generic[T, R]):
 
     def _take_batch(self, caps: BatchCaps) -> list[Pending[T, R]]:
         items = self._queue
-        pool = self._leading()  # shadows alone only when no client waits
+        pool = leading(items)  # shadows alone only when no client waits
         client = not items[pool[0]].shadow
         indices = [
             pool[j]

@@ -1,12 +1,13 @@
 """A client's priority in the micro-batcher: the lowest queued leads the next batch, first come first served
 within it, shadows stay behind every client item, and a full queue refuses what could wait rather than an
-urgent arrival (service.batching: `MicroBatcher._leading`, `_evict_for`, `check_room`)."""
+urgent arrival (service.batch_items: `leading`, `evicted_for`, `staying_for`; service.batching)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from service.batch_items import Pending, evicted_for, leading, staying_for
 from service.batch_policy import BatchPolicy, QueueFullError
 from service.batching import MicroBatcher
 from tests.service.test_batching import FakeEngine, run
@@ -74,3 +75,24 @@ def test_a_full_queue_refuses_the_newest_work_that_could_wait_not_a_more_urgent_
     outcomes, answer, refused = run(engine, BatchPolicy(max_batch_size=4, max_queue=3), body)
     assert answer == "uu" and isinstance(refused, QueueFullError)
     assert outcomes[:2] == ["q0q0", "q1q1"] and isinstance(outcomes[2], QueueFullError)
+
+
+def queued(*kinds: tuple[str, int]) -> list[Pending[str, str]]:
+    """Pending items in arrival order: ("c", priority) a client's, ("s", 0) a shadow."""
+    return [
+        Pending(f"{kind}{i}", 1, None, 0.0, None, i, shadow=kind == "s", priority=priority)  # type: ignore[arg-type]
+        for i, (kind, priority) in enumerate(kinds)
+    ]
+
+
+def test_the_queues_precedence_rules() -> None:
+    queue = queued(("c", 2), ("s", 0), ("c", -1), ("c", 2), ("c", -1))
+    assert leading(queue) == [2, 4]  # the lowest priority value's client items, oldest first
+    assert leading(queued(("s", 0), ("s", 0))) == [0, 1]  # shadows only when no client waits
+    assert evicted_for(queue, 0) is queue[1]  # a shadow first, whatever the arrival
+    no_shadow = queued(("c", 2), ("c", -1), ("c", 2))
+    assert evicted_for(no_shadow, 0) is no_shadow[2]  # then the newest that could wait
+    assert evicted_for(no_shadow, 2) is None  # nothing waits more patiently than the arrival
+    no_shadow[2].taken = True  # an engine thread has it: it stays
+    assert evicted_for(no_shadow, 0) is no_shadow[0]
+    assert staying_for(queue, 0) == 2 and staying_for(queue, 2) == 4
